@@ -1,0 +1,179 @@
+"""The ``agentledger`` command: thin wrappers that parse arguments and call into the packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentledger.config import Settings
+
+
+def _database(settings: Settings):
+    from agentledger.database import Database
+
+    return Database(settings.database_url)
+
+
+def cmd_db_upgrade(args, settings: Settings) -> int:
+    from agentledger.migrate import current_revision, upgrade
+
+    upgrade(settings.database_url)
+    print(f"database at revision {current_revision(settings.database_url)}")
+    return 0
+
+
+def cmd_token_create(args, settings: Settings) -> int:
+    from agentledger.migrate import upgrade
+    from ingest.tokens import create_token
+
+    upgrade(settings.database_url)
+    db = _database(settings)
+    try:
+        with db.write() as session:
+            token_id, token = create_token(session, owner_id=args.owner, role=args.role)
+    finally:
+        db.dispose()
+    print(f"created {args.role} token {token_id} for owner {args.owner.strip()}", file=sys.stderr)
+    print(token)
+    return 0
+
+
+def cmd_token_revoke(args, settings: Settings) -> int:
+    from ingest.tokens import revoke_token
+
+    db = _database(settings)
+    try:
+        with db.write() as session:
+            revoke_token(session, args.token_id)
+    finally:
+        db.dispose()
+    print(f"revoked {args.token_id}")
+    return 0
+
+
+def cmd_verify(args, settings: Settings) -> int:
+    from queries.chain_verification import verify_chains
+
+    db = _database(settings)
+
+    def progress(n: int) -> None:
+        print(f"  … {n} events checked", file=sys.stderr)
+
+    try:
+        with db.read() as session:
+            report = verify_chains(session, run_id=args.run, progress=progress)
+    finally:
+        db.dispose()
+    if args.run and report.runs_checked == 0:
+        print(f"run {args.run} does not exist", file=sys.stderr)
+        return 2
+    for problem in report.problems:
+        print(f"TAMPERED run {problem.run_id} seq {problem.seq}: {problem.problem}")
+    verdict = "OK" if report.ok else f"{len(report.problems)} damaged run(s)"
+    print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")
+    return 0 if report.ok else 1
+
+
+def cmd_serve(args, settings: Settings) -> int:
+    from agentledger.server import serve
+
+    return serve(settings, host=args.host, port=args.port, run_worker=not args.no_worker,
+                 demo=args.demo, workers=args.workers, threads=args.threads)
+
+
+def cmd_worker(args, settings: Settings) -> int:
+    from agentledger.worker.process import run_worker_process
+
+    return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency)
+
+
+def cmd_reconcile(args, settings: Settings) -> int:
+    from agentledger.reconciler import run_reconciler
+
+    return run_reconciler(settings, once=args.once)
+
+
+def cmd_demo_seed(args, settings: Settings) -> int:
+    from agentledger.demo import seed_command
+
+    return seed_command(settings, runs=args.runs, days=args.days, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentledger",
+        description="Audit ledger for AI-agent runs. The database comes from "
+        "AGENTLEDGER_DATABASE_URL (default sqlite:///agentledger.db).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the API, dashboards, worker and reconciler")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--no-worker", action="store_true", help="do not execute runs in this process")
+    p.add_argument("--demo", action="store_true", help="seed demo data when the database is empty")
+    p.add_argument("--workers", type=int, default=1, help="HTTP worker processes (gunicorn)")
+    p.add_argument("--threads", type=int, default=128, help="threads per HTTP worker process")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="a standalone executor process")
+    p.add_argument("--instance-id", default=None,
+                   help="stable id of this executor; runs it left unfinished are interrupted "
+                        "(service_restart) when it starts again")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("reconcile", help="interrupt runs whose lease expired or whose parent ended")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=cmd_reconcile)
+
+    db = sub.add_parser("db", help="database administration").add_subparsers(
+        dest="db_command", required=True, metavar="ACTION"
+    )
+    p = db.add_parser("upgrade", help="apply migrations (idempotent)")
+    p.set_defaults(func=cmd_db_upgrade)
+
+    token = sub.add_parser("token", help="API tokens").add_subparsers(
+        dest="token_command", required=True, metavar="ACTION"
+    )
+    p = token.add_parser("create", help="print a new API token as the last line of stdout")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--role", default="user", choices=["user", "viewer", "executor", "admin"])
+    p.set_defaults(func=cmd_token_create)
+    p = token.add_parser("revoke", help="revoke a token by its id (tok_…)")
+    p.add_argument("token_id")
+    p.set_defaults(func=cmd_token_revoke)
+
+    demo = sub.add_parser("demo", help="demo data").add_subparsers(
+        dest="demo_command", required=True, metavar="ACTION"
+    )
+    p = demo.add_parser("seed", help="write realistic history through the ingest path")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--days", type=int, default=14)
+    p.add_argument("--seed", type=int, default=None, help="random seed (repeatable data)")
+    p.set_defaults(func=cmd_demo_seed)
+
+    p = sub.add_parser("verify", help="check every stored event hash chain")
+    p.add_argument("--run", default=None, help="only this run")
+    p.set_defaults(func=cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings.from_env()
+    try:
+        return int(args.func(args, settings) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a CLI prints a sentence, not a traceback
+        from agentledger.errors import LedgerError
+
+        if isinstance(exc, LedgerError):
+            print(f"agentledger: {exc.message}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Settings: one documented object built from the ``AGENTLEDGER_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+DEFAULT_DATABASE_URL = "sqlite:///agentledger.db"
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{name} must be a number of seconds, got {raw!r}") from exc
+    if value <= 0:
+        raise SystemExit(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the processes need to know, with the contract's defaults.
+
+    database_url       AGENTLEDGER_DATABASE_URL        sqlite:///agentledger.db
+    lease_seconds      AGENTLEDGER_LEASE_SECONDS       30
+    heartbeat_seconds  AGENTLEDGER_HEARTBEAT_SECONDS   10
+    reconcile_seconds  AGENTLEDGER_RECONCILE_SECONDS   5
+    secret_key         AGENTLEDGER_SECRET_KEY          generated, stored beside the database
+    """
+
+    database_url: str = DEFAULT_DATABASE_URL
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    reconcile_seconds: float = 5.0
+    secret_key: str | None = None
+    max_body_bytes: int = 1_048_576
+    sse_poll_seconds: float = 0.1
+    sse_keepalive_seconds: float = 15.0
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides) -> Settings:
+        settings = cls(
+            database_url=os.environ.get("AGENTLEDGER_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            lease_seconds=_float_env("AGENTLEDGER_LEASE_SECONDS", 30.0),
+            heartbeat_seconds=_float_env("AGENTLEDGER_HEARTBEAT_SECONDS", 10.0),
+            reconcile_seconds=_float_env("AGENTLEDGER_RECONCILE_SECONDS", 5.0),
+            secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
+        )
+        return replace(settings, **overrides)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def resolved_secret_key(self) -> str:
+        """The configured key, else one generated once and kept in a file beside the database.
+
+        Every process of a deployment must sign cookies with the same key, so a generated key is
+        persisted rather than kept in memory.
+        """
+        if self.secret_key:
+            return self.secret_key
+        path = self._secret_key_path()
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        key = secrets.token_urlsafe(48)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key)
+        return key
+
+    def _secret_key_path(self) -> Path:
+        if self.is_sqlite:
+            db_path = sqlite_path(self.database_url)
+            if db_path is not None:
+                return Path(db_path).resolve().parent / ".agentledger-secret-key"
+        return Path.cwd() / ".agentledger-secret-key"
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite:///path`` URL, or None for an in-memory database."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return None
+    path = url[len(prefix):].split("?", 1)[0]
+    return path or None

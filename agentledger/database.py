@@ -1,0 +1,108 @@
+"""Database lifecycle: engines, sessions and the per-dialect connection setup.
+
+Two engines per process: a writer used only by ``ingest`` and the entry points that drive it,
+and a reader used by ``queries`` whose connections refuse writes (``PRAGMA query_only`` on
+SQLite, ``default_transaction_read_only`` on PostgreSQL). Entry points own the transaction:
+``with db.write() as s: ingest.…(s, …)`` commits on success and rolls back on any error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session
+
+from agentledger.config import sqlite_path
+
+READ_STATEMENT_TIMEOUT_MS = 30_000
+
+
+def normalize_url(url: str) -> str:
+    """Accept the URL forms people paste (``postgres://``, ``postgresql://``) and use psycopg 3."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
+def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
+    path = sqlite_path(url)
+    if path is None:
+        raise SystemExit("agentledger needs a SQLite file (sqlite:///path), not an in-memory database")
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # Take transaction control away from the sqlite3 module so that BEGIN is ours.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        if read_only:
+            cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        # Writers take the write lock up front: no deadlock-prone lock upgrades, and the
+        # transaction is the serialisation point that PostgreSQL gets from row locks.
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _postgres_engine(url: str, *, read_only: bool) -> Engine:
+    options = "-c timezone=UTC"
+    if read_only:
+        options += (
+            " -c default_transaction_read_only=on"
+            f" -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
+        )
+    return create_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        pool_pre_ping=True,
+        connect_args={"options": options},
+    )
+
+
+class Database:
+    """The engines of one process. Create once per process; call ``dispose`` on shutdown."""
+
+    def __init__(self, url: str, read_url: str | None = None):
+        self.url = normalize_url(url)
+        self.dialect = make_url(self.url).get_backend_name()
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise SystemExit(f"unsupported database {self.dialect!r}: use sqlite or postgresql")
+        factory = _sqlite_engine if self.dialect == "sqlite" else _postgres_engine
+        self.engine = factory(self.url, read_only=False)
+        self.read_engine = factory(normalize_url(read_url or self.url), read_only=True)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction: commits when the block ends, rolls back if it raises."""
+        with Session(self.engine, expire_on_commit=False, autoflush=False) as session:
+            with session.begin():
+                yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only transaction; anything that tries to write fails in the database."""
+        with Session(self.read_engine, autoflush=False) as session:
+            with session.begin():
+                yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        self.read_engine.dispose()

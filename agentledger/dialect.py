@@ -1,0 +1,52 @@
+"""The few places where SQLite and PostgreSQL differ, in one module.
+
+Upsert-or-ignore, row locks and skip-locked claims, the database clock, and notifications.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Select, Table, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+EVENTS_CHANNEL = "agentledger_events"
+QUEUE_CHANNEL = "agentledger_queue"
+
+
+def name(session: Session) -> str:
+    return session.get_bind().dialect.name
+
+
+def insert_ignoring_conflicts(session: Session, table: Table, index_elements=None):
+    """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
+    module = postgresql if name(session) == "postgresql" else sqlite
+    stmt = module.insert(table)
+    return stmt.on_conflict_do_nothing(index_elements=index_elements)
+
+
+def now(session: Session) -> datetime:
+    """The database's clock, which every lease comparison uses.
+
+    PostgreSQL's ``now()`` is the transaction's start time: one consistent instant per
+    transaction, shared by every process on every machine. SQLite is embedded in this process,
+    so its clock is this machine's.
+    """
+    if name(session) == "postgresql":
+        value = session.execute(text("SELECT now()")).scalar_one()
+        return value.astimezone(UTC)
+    return datetime.now(UTC)
+
+
+def for_update(stmt: Select, session: Session, *, skip_locked: bool = False) -> Select:
+    """Row locks on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already serialises writers."""
+    if name(session) == "postgresql":
+        return stmt.with_for_update(skip_locked=skip_locked)
+    return stmt
+
+
+def notify(session: Session, channel: str, payload: str) -> None:
+    """Tell listeners in other processes, delivered when (and only if) the transaction commits."""
+    if name(session) == "postgresql":
+        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})

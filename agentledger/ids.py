@@ -1,0 +1,44 @@
+"""Opaque, time-sortable identifiers: ``<prefix>_<26 chars of Crockford base32>`` (ULID layout).
+
+48 bits of milliseconds then 80 random bits, so ids sort by creation time and never collide
+across processes without coordination.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+_lock = threading.Lock()
+_last_ms = 0
+_last_rand = 0
+
+PREFIXES = ("sess", "thr", "run", "msg", "tok")
+
+
+def _encode(value: int, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    """A new id; within one process ids are strictly increasing (monotonic ULID)."""
+    global _last_ms, _last_rand
+    with _lock:
+        now_ms = int(time.time() * 1000)
+        if now_ms <= _last_ms:
+            now_ms = _last_ms
+            rand = (_last_rand + 1) & ((1 << 80) - 1)
+        else:
+            rand = int.from_bytes(os.urandom(10), "big")
+        _last_ms, _last_rand = now_ms, rand
+    return f"{prefix}_{_encode(now_ms, 10)}{_encode(rand, 16)}"
+
+
+def has_prefix(value: str, prefix: str) -> bool:
+    return isinstance(value, str) and value.startswith(prefix + "_") and len(value) == len(prefix) + 27

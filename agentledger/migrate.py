@@ -1,0 +1,43 @@
+"""Applying the Alembic migrations (``agentledger db upgrade``; ``python app.py`` does it too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine
+
+from agentledger.database import normalize_url
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the database to ``revision``; running it again is a no-op."""
+    cfg = alembic_config(url)
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+def current_revision(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

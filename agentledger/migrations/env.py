@@ -1,0 +1,35 @@
+"""Alembic environment: runs migrations on the connection handed over by ``agentledger.migrate``."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, text
+
+from agentledger.schema import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _run(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Many processes may start at once; one migrates, the others wait and find it done.
+            connection.execute(text("SELECT pg_advisory_xact_lock(724311)"))
+        context.run_migrations()
+
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as conn:
+        _run(conn)
+    engine.dispose()

@@ -1,0 +1,241 @@
+"""The tables, as SQLAlchemy 2 typed models.
+
+Only ``ingest`` writes these rows; ``queries`` reads them with Core selects and returns plain
+data. The Alembic migrations under ``agentledger/migrations`` create exactly this schema (a test
+compares them) plus the triggers that make ``run_event`` append-only and run snapshots frozen.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NON_TERMINAL = ("queued", "running", "cancelling")
+ACTIVE = ("running", "cancelling")
+TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on both databases.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time type, so values are stored as naive
+    UTC ISO strings, which also sort and compare correctly as text.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# JSONB on PostgreSQL: it has equality (the snapshot trigger compares values) and indexes.
+JSONDoc = JSON().with_variant(JSONB(), "postgresql")
+
+_non_terminal_sql = "status IN ('queued', 'running', 'cancelling')"
+_active_sql = "status IN ('running', 'cancelling')"
+
+naming = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=naming)
+
+
+class Agent(Base):
+    __tablename__ = "agent"
+
+    id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    latest_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class AgentVersion(Base):
+    """One immutable definition of an agent; a PUT adds a row, nothing updates one."""
+
+    __tablename__ = "agent_version"
+
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agent.id"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    kind: Mapped[str] = mapped_column(String(63), nullable=False)
+    model: Mapped[str | None] = mapped_column(String(200))
+    instructions: Mapped[str | None] = mapped_column(Text)
+    tools: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    params: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class ConversationThread(Base):
+    """Where a model's continuous memory lives. Backend only: never sent to clients as input."""
+
+    __tablename__ = "conversation_thread"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class ChatSession(Base):
+    __tablename__ = "chat_session"
+    __table_args__ = (Index(None, "owner_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    title: Mapped[str | None] = mapped_column(String(500))
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agent.id"), nullable=False)
+    thread_id: Mapped[str] = mapped_column(
+        ForeignKey("conversation_thread.id"), nullable=False, unique=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AgentRun(Base):
+    __tablename__ = "agent_run"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "idempotency_key_hash"),
+        Index(None, "root_run_id"),
+        Index(None, "parent_run_id"),
+        Index(None, "session_id"),
+        Index(None, "agent_id", "created_at"),
+        Index(None, "created_at"),
+        Index(None, "thread_id", "created_at"),
+        Index(
+            "ix_agent_run_live_lease",
+            "status",
+            "lease_expires_at",
+            sqlite_where=text(_non_terminal_sql),
+            postgresql_where=text(_non_terminal_sql),
+        ),
+        # The database itself guarantees one running/cancelling run per thread.
+        Index(
+            "uq_agent_run_one_active_per_thread",
+            "thread_id",
+            unique=True,
+            sqlite_where=text(_active_sql),
+            postgresql_where=text(_active_sql),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    thread_id: Mapped[str] = mapped_column(ForeignKey("conversation_thread.id"), nullable=False)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("chat_session.id"))
+    root_run_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    parent_run_id: Mapped[str | None] = mapped_column(ForeignKey("agent_run.id"))
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agent.id"), nullable=False)
+    agent_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    agent_execution_snapshot: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    context_pack_snapshot: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    input: Mapped[str] = mapped_column(Text, nullable=False)
+    user_message_id: Mapped[str | None] = mapped_column(String(40))
+    last_event_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_event_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    executor_instance_id: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    idempotency_key_hash: Mapped[str | None] = mapped_column(String(64))
+    request_checksum: Mapped[str | None] = mapped_column(String(64))
+    final_message_id: Mapped[str | None] = mapped_column(String(40))
+    error: Mapped[Any | None] = mapped_column(JSONDoc)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Message(Base):
+    __tablename__ = "message"
+    __table_args__ = (
+        Index(None, "session_id", "created_at"),
+        Index(None, "run_id"),
+        # Every assistant message is produced by exactly one run, and a run produces at most one.
+        Index(
+            "uq_message_assistant_run",
+            "run_id",
+            unique=True,
+            sqlite_where=text("role = 'assistant'"),
+            postgresql_where=text("role = 'assistant'"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("chat_session.id"))
+    thread_id: Mapped[str] = mapped_column(ForeignKey("conversation_thread.id"), nullable=False)
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    content: Mapped[str] = mapped_column(Text, nullable=False)
+    run_id: Mapped[str] = mapped_column(ForeignKey("agent_run.id"), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class RunEvent(Base):
+    """Append-only; triggers refuse UPDATE and DELETE. ``hash`` chains to the previous event."""
+
+    __tablename__ = "run_event"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("agent_run.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(40), nullable=False)
+    data: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    hash: Mapped[str] = mapped_column(String(64), nullable=False)
+
+
+class ContextBlob(Base):
+    """Content of context items, addressed by sha256, so a run's pack can be read back."""
+
+    __tablename__ = "context_blob"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    content: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class ApiToken(Base):
+    """Only a sha256 of each token is stored; the token itself is shown once."""
+
+    __tablename__ = "api_token"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

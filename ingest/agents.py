@@ -1,0 +1,87 @@
+"""Registering agents and adding immutable versions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.errors import Conflict, NotFound
+from agentledger.hashing import canonical_json, sha256_hex
+from agentledger.schema import Agent, AgentVersion
+
+
+@dataclass(frozen=True)
+class AgentDefinition:
+    name: str
+    kind: str
+    model: str | None = None
+    instructions: str | None = None
+    tools: list[Any] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def content_hash(self) -> str:
+        return sha256_hex(
+            canonical_json(
+                {
+                    "name": self.name,
+                    "kind": self.kind,
+                    "model": self.model,
+                    "instructions": self.instructions,
+                    "tools": self.tools,
+                    "params": self.params,
+                }
+            )
+        )
+
+
+def _insert_version(session: Session, agent_id: str, version: int, definition: AgentDefinition, now) -> None:
+    session.execute(
+        insert(AgentVersion).values(
+            agent_id=agent_id,
+            version=version,
+            name=definition.name,
+            kind=definition.kind,
+            model=definition.model,
+            instructions=definition.instructions,
+            tools=definition.tools,
+            params=definition.params,
+            content_hash=definition.content_hash(),
+            created_at=now,
+        )
+    )
+
+
+def register_agent(session: Session, agent_id: str, definition: AgentDefinition) -> int:
+    """Create the agent with version 1; an existing id is a ``Conflict``."""
+    now = dialect.now(session)
+    stmt = dialect.insert_ignoring_conflicts(session, Agent.__table__, ["id"]).values(
+        id=agent_id, latest_version=1, created_at=now, updated_at=now
+    ).returning(Agent.id)
+    if session.execute(stmt).first() is None:
+        raise Conflict(f"agent {agent_id!r} already exists; use PUT to add a version")
+    try:
+        _insert_version(session, agent_id, 1, definition, now)
+    except IntegrityError as exc:  # pragma: no cover - guarded by the insert above
+        raise Conflict(f"agent {agent_id!r} already exists") from exc
+    return 1
+
+
+def add_agent_version(session: Session, agent_id: str, definition: AgentDefinition) -> int:
+    """Append the next immutable version of an existing agent and make it the current one."""
+    now = dialect.now(session)
+    current = session.execute(
+        dialect.for_update(select(Agent.latest_version).where(Agent.id == agent_id), session)
+    ).scalar_one_or_none()
+    if current is None:
+        raise NotFound(f"agent {agent_id!r} does not exist")
+    version = current + 1
+    _insert_version(session, agent_id, version, definition, now)
+    session.execute(
+        update(Agent).where(Agent.id == agent_id).values(latest_version=version, updated_at=now)
+    )
+    return version

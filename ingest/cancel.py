@@ -1,0 +1,71 @@
+"""Cancel requests, which cascade to every non-terminal descendant of the run."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agentledger.errors import NotFound, RunTerminal
+from agentledger.schema import TERMINAL, AgentRun
+from ingest.events import append_events, lock_run_and_parent
+
+
+def _subtree_top_down(session: Session, run_id: str, root_run_id: str) -> list[str]:
+    """The run's descendants, parents before children (the lock order every writer keeps)."""
+    rows = session.execute(
+        select(AgentRun.id, AgentRun.parent_run_id).where(AgentRun.root_run_id == root_run_id)
+    ).all()
+    children: dict[str, list[str]] = {}
+    for row in rows:
+        if row.parent_run_id:
+            children.setdefault(row.parent_run_id, []).append(row.id)
+    ordered, frontier = [], [run_id]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child in sorted(children.get(node, [])):
+                ordered.append(child)
+                nxt.append(child)
+        frontier = nxt
+    return ordered
+
+
+def _cancel_one(session: Session, run_id: str, requested_by: str) -> str:
+    status = lock_run_and_parent(session, run_id).status
+    if status == "queued":
+        return append_events(
+            session,
+            run_id,
+            [("run.cancelled", {"external_stop_confirmed": True, "before_start": True,
+                                "requested_by": requested_by})],
+        ).status
+    if status == "running":
+        return append_events(
+            session, run_id, [("run.cancelling", {"requested_by": requested_by})]
+        ).status
+    return status
+
+
+def request_cancel(
+    session: Session, run_id: str, *, requested_by: str, visible_to: str | None = None
+) -> str:
+    """Cancel a run and its subtree; returns the run's status afterwards.
+
+    A queued run is ``cancelled`` at once; a running one becomes ``cancelling`` and its executor
+    confirms with ``run.cancelled``. Repeating the request is harmless; a terminal run raises
+    ``RunTerminal``.
+    """
+    stmt = select(AgentRun.root_run_id, AgentRun.status).where(AgentRun.id == run_id)
+    if visible_to is not None:
+        stmt = stmt.where(AgentRun.owner_id == visible_to)
+    row = session.execute(stmt).one_or_none()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if row.status in TERMINAL:
+        raise RunTerminal(f"run {run_id} has already ended ({row.status})")
+    status = _cancel_one(session, run_id, requested_by)
+    if status in TERMINAL and status != "cancelled":
+        raise RunTerminal(f"run {run_id} has already ended ({status})")
+    for descendant in _subtree_top_down(session, run_id, row.root_run_id):
+        _cancel_one(session, descendant, requested_by)
+    return status

@@ -1,0 +1,125 @@
+"""The data each event type must carry (CONTRACT §3); extra keys are kept as given."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentledger.errors import ValidationFailed
+
+INTERRUPT_REASONS = ("lease_expired", "parent_terminal", "service_restart", "executor_shutdown")
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class MessageDelta(_Data):
+    text: str
+
+
+class ToolCall(_Data):
+    name: str = Field(min_length=1)
+    input: Any
+
+
+class ToolResult(_Data):
+    name: str = Field(min_length=1)
+    output: Any
+
+
+class Usage(_Data):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    cost_usd: float = Field(ge=0)
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(min_length=1, max_length=100)
+    message: str = Field(max_length=10_000)
+
+
+class RunFailed(_Data):
+    error: ErrorInfo
+
+
+class RunCancelled(_Data):
+    external_stop_confirmed: Literal[True]
+
+
+class RunInterrupted(_Data):
+    reason: Literal[INTERRUPT_REASONS]  # type: ignore[valid-type]
+
+
+class RunCompleted(_Data):
+    # The executor may send the answer; otherwise it is the run's message.delta texts joined.
+    content: str | None = None
+
+
+class ChildFinished(_Data):
+    child_run_id: str
+    status: str
+
+
+class StopRequested(_Data):
+    requested_by: str
+
+
+class Started(_Data):
+    executor_instance_id: str
+
+
+class _Any(_Data):
+    pass
+
+
+DATA_MODELS: dict[str, type[BaseModel]] = {
+    "message.delta": MessageDelta,
+    "tool.call": ToolCall,
+    "tool.result": ToolResult,
+    "usage": Usage,
+    "run.failed": RunFailed,
+    "run.cancelled": RunCancelled,
+    "run.interrupted": RunInterrupted,
+    "run.completed": RunCompleted,
+    "run.child_finished": ChildFinished,
+    "run.cancelling": StopRequested,
+    "run.started": Started,
+    "run.child_created": _Any,
+    "run.queued": _Any,
+}
+
+# Event types an external executor may append through the events route; the others are written
+# by the ledger itself (creation, claim, cancel requests, delegation).
+EXECUTOR_APPENDABLE = frozenset(
+    {
+        "message.delta",
+        "tool.call",
+        "tool.result",
+        "usage",
+        "run.completed",
+        "run.failed",
+        "run.cancelled",
+        "run.interrupted",
+    }
+)
+
+
+def validated_data(event_type: str, data: Any) -> dict:
+    """The event's data after checking it against its type; raises ``ValidationFailed``."""
+    model = DATA_MODELS.get(event_type)
+    if model is None:
+        raise ValidationFailed(f"unknown event type {event_type!r}")
+    if not isinstance(data, dict):
+        raise ValidationFailed(f"data of {event_type} must be an object")
+    try:
+        model.model_validate(data, strict=False)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "data"
+        raise ValidationFailed(f"{event_type} data.{where}: {first['msg']}") from exc
+    if event_type == "run.cancelled" and not isinstance(data.get("external_stop_confirmed"), bool):
+        raise ValidationFailed("run.cancelled data.external_stop_confirmed must be true")
+    return data
+

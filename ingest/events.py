@@ -1,0 +1,218 @@
+"""Appending events: the one guarded function that moves runs through the state machine.
+
+Each call locks the run row (PostgreSQL ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already
+holds the write lock), checks every event of the batch against ``state_machine.next_status``,
+and only then writes: the events with gapless seqs and chained hashes, and one compare-and-set
+``UPDATE agent_run … WHERE status = :current AND last_event_seq = :seq``. A refused batch writes
+nothing. Terminal events also create the assistant message (``run.completed``), record the error
+(``run.failed``) and tell a waiting parent (``run.child_finished``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.errors import LeaseLost, NotFound
+from agentledger.hashing import event_hash
+from agentledger.ids import new_id
+from agentledger.schema import ACTIVE, TERMINAL, AgentRun, Message, RunEvent
+from ingest.event_types import validated_data
+from ingest.state_machine import next_status
+
+_RUN_COLUMNS = (
+    AgentRun.id,
+    AgentRun.status,
+    AgentRun.last_event_seq,
+    AgentRun.last_event_hash,
+    AgentRun.parent_run_id,
+    AgentRun.session_id,
+    AgentRun.thread_id,
+    AgentRun.owner_id,
+    AgentRun.executor_instance_id,
+    AgentRun.lease_expires_at,
+)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    run_id: str
+    seqs: list[int]
+    status: str
+    cancel_requested: bool
+    final_message_id: str | None = None
+
+
+@dataclass
+class _Pending:
+    type: str
+    data: dict
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def lock_run(session: Session, run_id: str):
+    """The run's row, locked until the transaction ends."""
+    row = session.execute(
+        dialect.for_update(select(*_RUN_COLUMNS).where(AgentRun.id == run_id), session)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return row
+
+
+_ENDING = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")
+
+
+def lock_run_and_parent(session: Session, run_id: str):
+    """Lock the parent (whose ``run.child_finished`` an ending child appends), then the run.
+
+    Every writer locks ancestors before descendants, so two transactions never wait on each
+    other in opposite orders.
+    """
+    parent = session.execute(
+        select(AgentRun.parent_run_id).where(AgentRun.id == run_id)
+    ).scalar_one_or_none()
+    if parent:
+        lock_run(session, parent)
+    return lock_run(session, run_id)
+
+
+def _delta_text(session: Session, run_id: str) -> str:
+    rows = session.execute(
+        select(RunEvent.data)
+        .where(RunEvent.run_id == run_id, RunEvent.type == "message.delta")
+        .order_by(RunEvent.seq)
+    ).scalars()
+    return "".join(str(d.get("text", "")) for d in rows)
+
+
+def append_events(
+    session: Session,
+    run_id: str,
+    events: list[tuple[str, dict]],
+    *,
+    executor_instance_id: str | None = None,
+    run_values: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> AppendResult:
+    """Append ``events`` (type, data) to a run in order, atomically.
+
+    With ``executor_instance_id`` the caller must hold a live lease on the run (else
+    ``LeaseLost``: expired, another instance's, or the run ended). ``run_values`` are extra
+    column values for the run's update (the claim sets the lease this way).
+    """
+    if not events:
+        raise ValueError("append_events needs at least one event")
+    now = now or dialect.now(session)
+    ends_run = any(t in _ENDING for t, _ in events)
+    run = lock_run_and_parent(session, run_id) if ends_run else lock_run(session, run_id)
+    if executor_instance_id is not None:
+        check_lease(run, executor_instance_id, now)
+
+    status = run.status
+    pending: list[_Pending] = []
+    for event_type, data in events:
+        data = validated_data(event_type, data)
+        status = next_status(status, event_type)
+        pending.append(_Pending(event_type, dict(data)))
+
+    values: dict[str, Any] = dict(run_values or {})
+    final_message_id = None
+    delta_text_in_batch = "".join(
+        str(p.data.get("text", "")) for p in pending if p.type == "message.delta"
+    )
+    for item in pending:
+        if item.type == "run.completed":
+            content = item.data.pop("content", None)
+            if content is None:
+                content = _delta_text(session, run_id) + delta_text_in_batch
+            final_message_id = new_id("msg")
+            session.execute(
+                insert(Message).values(
+                    id=final_message_id,
+                    session_id=run.session_id,
+                    thread_id=run.thread_id,
+                    owner_id=run.owner_id,
+                    role="assistant",
+                    content=content,
+                    run_id=run_id,
+                    created_at=now,
+                )
+            )
+            item.data["final_message_id"] = final_message_id
+            values["final_message_id"] = final_message_id
+        elif item.type == "run.failed":
+            values["error"] = item.data["error"]
+
+    seq = run.last_event_seq
+    chain = run.last_event_hash
+    rows = []
+    for item in pending:
+        seq += 1
+        chain = event_hash(chain, run_id, seq, item.type, item.data, now)
+        rows.append(
+            {"run_id": run_id, "seq": seq, "type": item.type, "data": item.data,
+             "created_at": now, "hash": chain}
+        )
+    session.execute(insert(RunEvent), rows)
+
+    values.update(status=status, last_event_seq=seq, last_event_hash=chain)
+    if status in TERMINAL:
+        values["finished_at"] = now
+    updated = session.execute(
+        update(AgentRun)
+        .where(
+            AgentRun.id == run_id,
+            AgentRun.status == run.status,
+            AgentRun.last_event_seq == run.last_event_seq,
+        )
+        .values(**values)
+    )
+    if updated.rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
+        raise RuntimeError(f"run {run_id} changed under its lock")
+
+    dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
+    if status in TERMINAL and run.parent_run_id:
+        _tell_parent(session, run.parent_run_id, run_id, status, now)
+    return AppendResult(
+        run_id=run_id,
+        seqs=[r["seq"] for r in rows],
+        status=status,
+        cancel_requested=status == "cancelling",
+        final_message_id=final_message_id,
+    )
+
+
+def check_lease(run, executor_instance_id: str, now: datetime) -> None:
+    if run.status in TERMINAL:
+        raise LeaseLost(f"run {run.id} has ended ({run.status}); its lease is gone")
+    if (
+        run.status not in ACTIVE
+        or run.executor_instance_id != executor_instance_id
+        or run.lease_expires_at is None
+        or run.lease_expires_at <= now
+    ):
+        raise LeaseLost(f"executor {executor_instance_id} does not hold the lease of run {run.id}")
+
+
+def _tell_parent(session: Session, parent_id: str, child_id: str, status: str, now: datetime) -> None:
+    parent_status = session.execute(
+        select(AgentRun.status).where(AgentRun.id == parent_id)
+    ).scalar_one()
+    if parent_status in ACTIVE:
+        append_events(
+            session,
+            parent_id,
+            [("run.child_finished", {"child_run_id": child_id, "status": status})],
+            now=now,
+        )
+
+
+def lease_deadline(now: datetime, lease_seconds: float) -> datetime:
+    return now + timedelta(seconds=lease_seconds)
+

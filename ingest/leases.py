@@ -1,0 +1,164 @@
+"""Execution leases: claiming queued runs (per-thread FIFO) and renewing a held lease.
+
+A lease is two columns, ``executor_instance_id`` and ``lease_expires_at``, compared with the
+database clock. Holding one says only that an executor is alive; its expiry is handled by the
+reconciler (``run.interrupted``), never by running the model again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, select, tuple_, update
+from sqlalchemy.orm import Session, aliased
+
+from agentledger import dialect
+from agentledger.errors import LeaseLost, ValidationFailed
+from agentledger.schema import ACTIVE, AgentRun, ContextBlob
+from ingest.events import append_events, lease_deadline
+
+MIN_LEASE_SECONDS = 1
+MAX_LEASE_SECONDS = 3600
+MAX_CLAIM = 100
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    run_id: str
+    thread_id: str
+    root_run_id: str
+    parent_run_id: str | None
+    input: str
+    agent_execution_snapshot: dict[str, Any]
+    context_pack_snapshot: dict[str, Any]
+    context: list[dict[str, Any]]
+    lease_expires_at: datetime
+
+
+def _check_lease_seconds(lease_seconds: float) -> None:
+    if not MIN_LEASE_SECONDS <= lease_seconds <= MAX_LEASE_SECONDS:
+        raise ValidationFailed(
+            f"lease_seconds must be between {MIN_LEASE_SECONDS} and {MAX_LEASE_SECONDS}"
+        )
+
+
+def claimable_runs_query(max_runs: int):
+    """Queued runs that are first in line on their thread and whose thread has no active run."""
+    other = aliased(AgentRun)
+    earlier = aliased(AgentRun)
+    return (
+        select(AgentRun.id)
+        .where(
+            AgentRun.status == "queued",
+            ~exists().where(other.thread_id == AgentRun.thread_id, other.status.in_(ACTIVE)),
+            ~exists().where(
+                and_(
+                    earlier.thread_id == AgentRun.thread_id,
+                    earlier.status == "queued",
+                    tuple_(earlier.created_at, earlier.id) < tuple_(AgentRun.created_at, AgentRun.id),
+                )
+            ),
+        )
+        .order_by(AgentRun.created_at, AgentRun.id)
+        .limit(max_runs)
+    )
+
+
+def claim_runs(
+    session: Session, executor_instance_id: str, *, max_runs: int = 1, lease_seconds: float = 30
+) -> list[ClaimedRun]:
+    """Lease up to ``max_runs`` queued runs to this executor and append ``run.started`` to each.
+
+    On PostgreSQL concurrent claimers skip each other's locked rows (``FOR UPDATE SKIP LOCKED``);
+    on SQLite the ``BEGIN IMMEDIATE`` write lock makes claims one at a time.
+    """
+    _check_lease_seconds(lease_seconds)
+    if not 1 <= max_runs <= MAX_CLAIM:
+        raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
+    now = dialect.now(session)
+    ids = session.execute(
+        dialect.for_update(claimable_runs_query(max_runs), session, skip_locked=True)
+    ).scalars().all()
+    expires = lease_deadline(now, lease_seconds)
+    claimed = []
+    for run_id in ids:
+        append_events(
+            session,
+            run_id,
+            [("run.started", {"executor_instance_id": executor_instance_id,
+                              "lease_expires_at": expires.isoformat()})],
+            run_values={
+                "executor_instance_id": executor_instance_id,
+                "lease_expires_at": expires,
+                "last_heartbeat_at": now,
+                "started_at": now,
+            },
+            now=now,
+        )
+        claimed.append(_claimed(session, run_id, expires))
+    return claimed
+
+
+def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:
+    row = session.execute(
+        select(
+            AgentRun.thread_id,
+            AgentRun.root_run_id,
+            AgentRun.parent_run_id,
+            AgentRun.input,
+            AgentRun.agent_execution_snapshot,
+            AgentRun.context_pack_snapshot,
+        ).where(AgentRun.id == run_id)
+    ).one()
+    items = row.context_pack_snapshot.get("items", [])
+    contents = {}
+    if items:
+        contents = dict(
+            session.execute(
+                select(ContextBlob.sha256, ContextBlob.content).where(
+                    ContextBlob.sha256.in_([i["sha256"] for i in items])
+                )
+            ).all()
+        )
+    return ClaimedRun(
+        run_id=run_id,
+        thread_id=row.thread_id,
+        root_run_id=row.root_run_id,
+        parent_run_id=row.parent_run_id,
+        input=row.input,
+        agent_execution_snapshot=row.agent_execution_snapshot,
+        context_pack_snapshot=row.context_pack_snapshot,
+        context=[{**i, "content": contents.get(i["sha256"])} for i in items],
+        lease_expires_at=expires,
+    )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    lease_expires_at: datetime
+    cancel_requested: bool
+
+
+def heartbeat(
+    session: Session, run_id: str, executor_instance_id: str, *, lease_seconds: float = 30
+) -> Heartbeat:
+    """Extend a live lease held by this executor; ``LeaseLost`` means stop working on the run."""
+    _check_lease_seconds(lease_seconds)
+    now = dialect.now(session)
+    expires = lease_deadline(now, lease_seconds)
+    row = session.execute(
+        update(AgentRun)
+        .where(
+            AgentRun.id == run_id,
+            AgentRun.executor_instance_id == executor_instance_id,
+            AgentRun.status.in_(ACTIVE),
+            AgentRun.lease_expires_at > now,
+        )
+        .values(lease_expires_at=expires, last_heartbeat_at=now)
+        .returning(AgentRun.status)
+    ).first()
+    if row is None:
+        raise LeaseLost(f"executor {executor_instance_id} does not hold the lease of run {run_id}")
+    return Heartbeat(lease_expires_at=expires, cancel_requested=row.status == "cancelling")

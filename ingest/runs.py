@@ -1,0 +1,304 @@
+"""Creating runs: a user message in a session (idempotent), or a delegated child run.
+
+A run freezes its agent-execution snapshot and context-pack snapshot in the transaction that
+creates it, together with its thread link and its first event, ``run.queued`` (seq 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
+from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash, sha256_hex
+from agentledger.ids import new_id
+from agentledger.schema import (
+    ACTIVE,
+    Agent,
+    AgentRun,
+    AgentVersion,
+    ChatSession,
+    ContextBlob,
+    Message,
+    RunEvent,
+)
+from ingest.events import append_events, check_lease, lock_run
+from ingest.sessions import create_thread
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    id: str
+    title: str
+    content: str
+    version: str | int | None = None
+
+
+@dataclass(frozen=True)
+class PostedMessage:
+    """The 202 body of a message post, and whether it was replayed from an earlier request."""
+
+    message_id: str
+    run_id: str
+    agent_id: str
+    agent_name: str
+    replayed: bool
+
+    @property
+    def events_url(self) -> str:
+        return f"/api/agent-runs/{self.run_id}/events"
+
+    def response(self) -> dict[str, str]:
+        return {
+            "message_id": self.message_id,
+            "run_id": self.run_id,
+            "events_url": self.events_url,
+            "agent_id": self.agent_id,
+            "agent_name": self.agent_name,
+        }
+
+
+def idempotency_key_hash(key: str) -> str:
+    return sha256_hex("idempotency-key\n" + key)
+
+
+def request_checksum(path: str, body: Any) -> str:
+    """Same path and same JSON body (whatever its whitespace or key order) → same checksum."""
+    return sha256_hex(canonical_json({"path": path, "body": body}))
+
+
+def agent_snapshot(session: Session, agent_id: str) -> dict[str, Any]:
+    """The frozen execution snapshot of the agent's current version."""
+    row = session.execute(
+        select(AgentVersion)
+        .join(Agent, (Agent.id == AgentVersion.agent_id) & (Agent.latest_version == AgentVersion.version))
+        .where(Agent.id == agent_id)
+    ).scalar_one_or_none()
+    if row is None:
+        raise UnknownAgent(f"agent {agent_id!r} is not registered")
+    return {
+        "agent_id": row.agent_id,
+        "name": row.name,
+        "version": row.version,
+        "kind": row.kind,
+        "model": row.model,
+        "instructions": row.instructions,
+        "tools": row.tools,
+        "params": row.params,
+        "content_hash": row.content_hash,
+    }
+
+
+def context_pack(items: list[ContextItem]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The pack snapshot (no contents, only their hashes) and the contents by hash."""
+    entries = []
+    blobs: dict[str, str] = {}
+    for item in items:
+        digest = sha256_hex(item.content)
+        blobs[digest] = item.content
+        entries.append(
+            {"id": item.id, "title": item.title, "version": item.version, "sha256": digest}
+        )
+    return {"items": entries, "pack_hash": sha256_hex(canonical_json(entries))}, blobs
+
+
+def _store_blobs(session: Session, blobs: dict[str, str]) -> None:
+    if blobs:
+        session.execute(
+            dialect.insert_ignoring_conflicts(session, ContextBlob.__table__, ["sha256"]),
+            [{"sha256": k, "content": v} for k, v in blobs.items()],
+        )
+
+
+def _queued_event(run_id: str, data: dict, now: datetime) -> tuple[dict, str]:
+    chain = event_hash(GENESIS_HASH, run_id, 1, "run.queued", data, now)
+    return {"run_id": run_id, "seq": 1, "type": "run.queued", "data": data,
+            "created_at": now, "hash": chain}, chain
+
+
+def _replay(session: Session, owner_id: str, key_hash: str, checksum: str) -> PostedMessage | None:
+    row = session.execute(
+        select(
+            AgentRun.id,
+            AgentRun.user_message_id,
+            AgentRun.agent_id,
+            AgentRun.agent_execution_snapshot,
+            AgentRun.request_checksum,
+        ).where(AgentRun.owner_id == owner_id, AgentRun.idempotency_key_hash == key_hash)
+    ).one_or_none()
+    if row is None:
+        return None
+    if row.request_checksum != checksum:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was already used for a different request; use a new key"
+        )
+    return PostedMessage(
+        message_id=row.user_message_id,
+        run_id=row.id,
+        agent_id=row.agent_id,
+        agent_name=row.agent_execution_snapshot["name"],
+        replayed=True,
+    )
+
+
+def post_message(
+    session: Session,
+    *,
+    owner_id: str,
+    session_id: str,
+    idempotency_key: str,
+    checksum: str,
+    content: str,
+    agent_id: str | None = None,
+    context: list[ContextItem] | None = None,
+    visible_to: str | None = None,
+) -> PostedMessage:
+    """One user message = one run, created at most once per (owner, idempotency key).
+
+    ``visible_to`` is the owner whose sessions the caller may use (None for admins). A replay of
+    the same request returns the original result with ``replayed=True``; a different request
+    under the same key raises ``IdempotencyConflict``. Concurrent duplicates are settled by the
+    unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
+    """
+    key_hash = idempotency_key_hash(idempotency_key)
+    earlier = _replay(session, owner_id, key_hash, checksum)
+    if earlier is not None:
+        return earlier
+
+    stmt = select(ChatSession.thread_id, ChatSession.agent_id).where(
+        ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
+    )
+    if visible_to is not None:
+        stmt = stmt.where(ChatSession.owner_id == visible_to)
+    chat = session.execute(stmt).one_or_none()
+    if chat is None:
+        raise NotFound(f"session {session_id} does not exist")
+    chosen_agent = agent_id or chat.agent_id
+    snapshot = agent_snapshot(session, chosen_agent)
+    pack, blobs = context_pack(context or [])
+
+    now = dialect.now(session)
+    run_id, message_id = new_id("run"), new_id("msg")
+    queued, chain = _queued_event(
+        run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None}, now
+    )
+    inserted = session.execute(
+        dialect.insert_ignoring_conflicts(
+            session, AgentRun.__table__, ["owner_id", "idempotency_key_hash"]
+        )
+        .values(
+            id=run_id,
+            thread_id=chat.thread_id,
+            session_id=session_id,
+            root_run_id=run_id,
+            parent_run_id=None,
+            owner_id=owner_id,
+            agent_id=chosen_agent,
+            agent_version=snapshot["version"],
+            status="queued",
+            agent_execution_snapshot=snapshot,
+            context_pack_snapshot=pack,
+            input=content,
+            user_message_id=message_id,
+            last_event_seq=1,
+            last_event_hash=chain,
+            idempotency_key_hash=key_hash,
+            request_checksum=checksum,
+            created_at=now,
+        )
+        .returning(AgentRun.id)
+    ).first()
+    if inserted is None:
+        # A concurrent request with the same key committed first: answer as its replay.
+        earlier = _replay(session, owner_id, key_hash, checksum)
+        if earlier is None:  # pragma: no cover - the conflicting row is committed and visible
+            raise IdempotencyConflict("a concurrent request with this key did not complete")
+        return earlier
+
+    session.execute(
+        insert(Message).values(
+            id=message_id,
+            session_id=session_id,
+            thread_id=chat.thread_id,
+            owner_id=owner_id,
+            role="user",
+            content=content,
+            run_id=run_id,
+            created_at=now,
+        )
+    )
+    _store_blobs(session, blobs)
+    session.execute(insert(RunEvent), [queued])
+    dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
+    return PostedMessage(
+        message_id=message_id,
+        run_id=run_id,
+        agent_id=chosen_agent,
+        agent_name=snapshot["name"],
+        replayed=False,
+    )
+
+
+def create_child_run(
+    session: Session,
+    parent_run_id: str,
+    *,
+    agent_id: str,
+    input: str,
+    executor_instance_id: str | None = None,
+) -> str:
+    """Delegation: a child run with its own thread, no session, and the parent's context pack.
+
+    The parent must be running (and, for an executor, leased by it); ``run.child_created`` is
+    appended to the parent in the same transaction.
+    """
+    now = dialect.now(session)
+    parent = lock_run(session, parent_run_id)
+    if executor_instance_id is not None:
+        check_lease(parent, executor_instance_id, now)
+    if parent.status not in ACTIVE or parent.status == "cancelling":
+        raise IllegalTransition(f"run {parent_run_id} is {parent.status}; it cannot delegate now")
+    snapshot = agent_snapshot(session, agent_id)
+    parent_row = session.execute(
+        select(AgentRun.root_run_id, AgentRun.context_pack_snapshot).where(
+            AgentRun.id == parent_run_id
+        )
+    ).one()
+    thread_id = create_thread(session, parent.owner_id, now)
+    run_id = new_id("run")
+    queued, chain = _queued_event(
+        run_id, {"agent_id": agent_id, "session_id": None, "parent_run_id": parent_run_id}, now
+    )
+    session.execute(
+        insert(AgentRun).values(
+            id=run_id,
+            thread_id=thread_id,
+            session_id=None,
+            root_run_id=parent_row.root_run_id,
+            parent_run_id=parent_run_id,
+            owner_id=parent.owner_id,
+            agent_id=agent_id,
+            agent_version=snapshot["version"],
+            status="queued",
+            agent_execution_snapshot=snapshot,
+            context_pack_snapshot=parent_row.context_pack_snapshot,
+            input=input,
+            last_event_seq=1,
+            last_event_hash=chain,
+            created_at=now,
+        )
+    )
+    session.execute(insert(RunEvent), [queued])
+    append_events(
+        session,
+        parent_run_id,
+        [("run.child_created", {"child_run_id": run_id, "agent_id": agent_id})],
+        now=now,
+    )
+    dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
+    return run_id

@@ -1,0 +1,83 @@
+"""Chat sessions and their threads: creation, edits and soft deletion."""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.errors import NotFound, UnknownAgent
+from agentledger.ids import new_id
+from agentledger.schema import Agent, ChatSession, ConversationThread
+
+_UNSET = object()
+
+
+def require_agent(session: Session, agent_id: str) -> None:
+    if session.execute(select(Agent.id).where(Agent.id == agent_id)).first() is None:
+        raise UnknownAgent(f"agent {agent_id!r} is not registered")
+
+
+def create_thread(session: Session, owner_id: str, now) -> str:
+    thread_id = new_id("thr")
+    session.execute(
+        insert(ConversationThread).values(id=thread_id, owner_id=owner_id, created_at=now)
+    )
+    return thread_id
+
+
+def create_session(session: Session, *, owner_id: str, agent_id: str, title: str | None) -> str:
+    """A new session with its own new thread; returns the session id."""
+    require_agent(session, agent_id)
+    now = dialect.now(session)
+    thread_id = create_thread(session, owner_id, now)
+    session_id = new_id("sess")
+    session.execute(
+        insert(ChatSession).values(
+            id=session_id,
+            owner_id=owner_id,
+            title=title,
+            agent_id=agent_id,
+            thread_id=thread_id,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return session_id
+
+
+def _visible(session: Session, session_id: str, owner_id: str | None):
+    """The live session, or ``NotFound`` (also for another owner's, when ``owner_id`` is given)."""
+    stmt = select(ChatSession.id).where(
+        ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
+    )
+    if owner_id is not None:
+        stmt = stmt.where(ChatSession.owner_id == owner_id)
+    if session.execute(stmt).first() is None:
+        raise NotFound(f"session {session_id} does not exist")
+
+
+def update_session(
+    session: Session, session_id: str, *, owner_id: str | None, title=_UNSET, agent_id=_UNSET
+) -> None:
+    """Change the title and/or the default agent for the session's next messages."""
+    _visible(session, session_id, owner_id)
+    values = {}
+    if title is not _UNSET:
+        values["title"] = title
+    if agent_id is not _UNSET:
+        require_agent(session, agent_id)
+        values["agent_id"] = agent_id
+    values["updated_at"] = dialect.now(session)
+    session.execute(update(ChatSession).where(ChatSession.id == session_id).values(**values))
+
+
+def delete_session(session: Session, session_id: str, *, owner_id: str | None) -> None:
+    """Hide the session from its owner; runs, messages and events stay for audit."""
+    _visible(session, session_id, owner_id)
+    now = dialect.now(session)
+    session.execute(
+        update(ChatSession)
+        .where(ChatSession.id == session_id)
+        .values(deleted_at=now, updated_at=now)
+    )
