@@ -160,17 +160,13 @@ def post_message(
 ) -> PostedMessage:
     """One user message = one run, created at most once per (owner, idempotency key).
 
-    ``visible_to`` is the owner whose sessions the caller may use (None for admins). A replay of
+    ``owner_id`` is the caller; the run is owned by the session's owner. ``visible_to`` is the
+    owner whose sessions the caller may use (None for admins). A replay of
     the same request returns the original result with ``replayed=True``; a different request
     under the same key raises ``IdempotencyConflict``. Concurrent duplicates are settled by the
     unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
     """
-    key_hash = idempotency_key_hash(idempotency_key)
-    earlier = _replay(session, owner_id, key_hash, checksum)
-    if earlier is not None:
-        return earlier
-
-    stmt = select(ChatSession.thread_id, ChatSession.agent_id).where(
+    stmt = select(ChatSession.thread_id, ChatSession.agent_id, ChatSession.owner_id).where(
         ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
     )
     if visible_to is not None:
@@ -178,6 +174,13 @@ def post_message(
     chat = session.execute(stmt).one_or_none()
     if chat is None:
         raise NotFound(f"session {session_id} does not exist")
+    # The run belongs to the conversation's owner, and so does the idempotency key space
+    # (an admin posting into a user's session acts within that user's keys).
+    owner_id = chat.owner_id
+    key_hash = idempotency_key_hash(idempotency_key)
+    earlier = _replay(session, owner_id, key_hash, checksum)
+    if earlier is not None:
+        return earlier
     chosen_agent = agent_id or chat.agent_id
     snapshot = agent_snapshot(session, chosen_agent)
     pack, blobs = context_pack(context or [])

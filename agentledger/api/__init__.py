@@ -1,0 +1,25 @@
+"""The HTTP API (CONTRACT §5): a Flask blueprint whose routes are declared in ``routes_*``."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+from agentledger.api.auth import authenticate
+from agentledger.api.registry import ApiRegistry
+
+blueprint = Blueprint("api", __name__, url_prefix="/api")
+api = ApiRegistry(blueprint, authenticate)
+
+
+def load_routes() -> None:
+    """Import the route modules (each registers itself on ``api`` when imported)."""
+    from agentledger.api import (  # noqa: F401
+        routes_agents,
+        routes_executor,
+        routes_meta,
+        routes_runs,
+        routes_sessions,
+    )
+
+
+load_routes()

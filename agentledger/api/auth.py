@@ -1,0 +1,47 @@
+"""Who is calling: a bearer token, or the login cookie set by ``/login`` for browsers."""
+
+from __future__ import annotations
+
+from flask import g, request, session
+
+from agentledger.errors import Unauthenticated
+from ingest.tokens import token_hash
+from queries.principals import Principal, principal_for
+
+SESSION_TOKEN_KEY = "token_id"
+
+
+def principal_from_token(token: str) -> Principal | None:
+    from agentledger.api.context import state
+
+    with state().db.read() as s:
+        return principal_for(s, token_hash=token_hash(token))
+
+
+def current_principal() -> Principal | None:
+    """The caller, or None when the request carries no valid credentials."""
+    if "principal" in g:
+        return g.principal
+    from agentledger.api.context import state
+
+    found = None
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            found = principal_from_token(token.strip())
+    elif session.get(SESSION_TOKEN_KEY):
+        with state().db.read() as s:
+            found = principal_for(s, token_id=session[SESSION_TOKEN_KEY])
+    if found is not None:
+        g.principal = found
+    return found
+
+
+def authenticate() -> Principal:
+    found = current_principal()
+    if found is None:
+        if request.headers.get("Authorization"):
+            raise Unauthenticated("the token is not valid (unknown or revoked)")
+        raise Unauthenticated("send Authorization: Bearer <token>, or log in at /login")
+    return found

@@ -1,0 +1,32 @@
+"""Per-process state the views need: settings, database, notifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app, g
+
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.notifier import EventNotifier
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    notifier: EventNotifier
+
+
+def state() -> AppState:
+    return current_app.extensions["agentledger"]
+
+
+def principal():
+    return g.principal
+
+
+def owner_scope() -> str | None:
+    """The owner whose objects the caller is limited to (None for viewers and admins)."""
+    p = g.principal
+    return None if p.sees_everything else p.owner_id

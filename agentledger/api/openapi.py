@@ -1,0 +1,117 @@
+"""The OpenAPI 3.1 document, generated from the route registry and its pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from agentledger import __version__
+from agentledger.api.registry import Operation
+from agentledger.api.schemas import ErrorResponse
+
+ERROR_TEXT = {
+    400: "Unreadable request (invalid_request, idempotency_key_required)",
+    401: "No valid token (unauthenticated)",
+    403: "Role not allowed (forbidden)",
+    404: "No such object, or not yours (not_found)",
+    409: "Conflict with the current state",
+    413: "Body too large (payload_too_large)",
+    422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message)",
+    429: "Too many requests (rate_limited)",
+}
+
+
+def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], str]]:
+    seen: dict[type[BaseModel], str] = {ErrorResponse: "serialization"}
+    for op in operations:
+        if op.body is not None:
+            seen[op.body] = "validation"
+        for model in op.responses.values():
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                seen.setdefault(model, "serialization")
+    return list(seen.items())
+
+
+def _query_parameters(model: type[BaseModel], defs: dict) -> list[dict[str, Any]]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    params = []
+    for name, prop in schema.get("properties", {}).items():
+        params.append({"name": name, "in": "query", "required": name in schema.get("required", []),
+                       "schema": prop})
+    for key, value in schema.get("$defs", {}).items():
+        defs.setdefault(key, value)
+    return params
+
+
+def build_openapi(operations: list[Operation]) -> dict[str, Any]:
+    mapping, top = models_json_schema(_models(operations), ref_template="#/components/schemas/{model}")
+    components = dict(top.get("$defs", {}))
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        item: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": f"{op.method.lower()}_{op.openapi_path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+            "tags": [op.tag],
+            "responses": {},
+        }
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _path_names(op.openapi_path)
+        ]
+        if op.query is not None:
+            params += _query_parameters(op.query, components)
+        for header, description in op.headers.items():
+            params.append({"name": header, "in": "header", "required": False,
+                           "description": description, "schema": {"type": "string"}})
+        if params:
+            item["parameters"] = params
+        if op.roles is not None:
+            item["security"] = [{"bearer": []}, {"cookie": []}]
+            item["x-roles"] = list(op.roles)
+        else:
+            item["security"] = []
+        if op.body is not None:
+            item["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": mapping[(op.body, "validation")]}},
+            }
+        for status, model in op.responses.items():
+            if model is None:
+                item["responses"][str(status)] = {"description": "No content"}
+                continue
+            content = {"application/json": {"schema": mapping[(model, "serialization")]}}
+            if op.extra_content and status in op.extra_content:
+                content.update(op.extra_content[status])
+            item["responses"][str(status)] = {"description": "Success", "content": content}
+        error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        codes = set(op.errors) | ({400, 413} if op.body else set()) | ({400} if op.query else set())
+        if op.roles is not None:
+            codes |= {401, 403}
+        for status in sorted(codes):
+            item["responses"][str(status)] = {"description": ERROR_TEXT[status], "content": error_ref}
+        paths.setdefault(op.openapi_path, {})[op.method.lower()] = item
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agentledger API",
+            "version": __version__,
+            "description": "Audit ledger for AI-agent runs. Errors are always "
+            '{"error": {"code", "message"}}.',
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "cookie": {"type": "apiKey", "in": "cookie", "name": "agentledger_session"},
+            },
+        },
+    }
+
+
+def _path_names(path: str) -> list[str]:
+    import re
+
+    return re.findall(r"{([a-z_]+)}", path)

@@ -1,0 +1,116 @@
+"""Declaring routes once: path, roles, request models and responses.
+
+Each ``@api.route`` both registers the Flask view (with authentication, role check and request
+validation done before the view runs) and records an ``Operation`` from which
+``/api/openapi.json`` is generated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint, g, request
+from pydantic import BaseModel, ValidationError
+
+from agentledger.errors import Forbidden, InvalidRequest, ValidationFailed
+
+ALL_ROLES = ("user", "viewer", "executor", "admin")
+READERS = ("user", "viewer", "admin")
+WRITERS = ("user", "admin")
+
+
+@dataclass
+class Operation:
+    method: str
+    path: str
+    summary: str
+    roles: tuple[str, ...] | None  # None: no authentication
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    responses: dict[int, Any] = field(default_factory=dict)
+    errors: tuple[int, ...] = ()
+    tag: str = "api"
+    extra_content: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def openapi_path(self) -> str:
+        return re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", self.path)
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "is not an accepted field"
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def read_json_body() -> Any:
+    raw = request.get_data(cache=True)
+    if not raw.strip():
+        raise InvalidRequest("the request needs a JSON body")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+def parse_body(model: type[BaseModel]) -> tuple[BaseModel, dict]:
+    payload = read_json_body()
+    if not isinstance(payload, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    try:
+        return model.model_validate(payload), payload
+    except ValidationError as exc:
+        raise ValidationFailed(_pydantic_message(exc)) from exc
+
+
+def parse_query(model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate(request.args.to_dict())
+    except ValidationError as exc:
+        raise InvalidRequest("query: " + _pydantic_message(exc)) from exc
+
+
+class ApiRegistry:
+    def __init__(self, blueprint: Blueprint, authenticate: Callable[[], Any]):
+        self.blueprint = blueprint
+        self.authenticate = authenticate
+        self.operations: list[Operation] = []
+
+    def route(self, path: str, method: str, *, summary: str, roles=READERS, body=None,
+              query=None, responses=None, errors=(), tag="api", extra_content=None,
+              headers=None):
+        op = Operation(method.upper(), "/api" + path, summary, tuple(roles) if roles else None,
+                       body, query, responses or {}, tuple(errors), tag, extra_content,
+                       headers or {})
+        self.operations.append(op)
+
+        def decorate(view: Callable) -> Callable:
+            def endpoint(**path_args):
+                if op.roles is not None:
+                    principal = self.authenticate()
+                    if principal.role not in op.roles:
+                        raise Forbidden(f"the {principal.role} role may not use {op.method} {op.path}")
+                    g.principal = principal
+                kwargs = dict(path_args)
+                if op.query is not None:
+                    kwargs["query"] = parse_query(op.query)
+                if op.body is not None:
+                    kwargs["body"], kwargs["raw_body"] = parse_body(op.body)
+                return view(**kwargs)
+
+            endpoint.__name__ = view.__name__
+            self.blueprint.add_url_rule(path, endpoint=view.__name__, view_func=endpoint,
+                                        methods=[op.method])
+            return view
+
+        return decorate

@@ -1,0 +1,91 @@
+"""Executor routes: the execution path for agent platforms in any language.
+
+The built-in worker calls the same ``ingest`` functions in-process; these routes are the HTTP
+face of exactly that code path.
+"""
+
+from __future__ import annotations
+
+from flask import jsonify
+
+from agentledger.api import api
+from agentledger.api.context import state
+from agentledger.api.schemas import (
+    AppendEventsBody,
+    AppendEventsOut,
+    ClaimBody,
+    ClaimOut,
+    ChildOut,
+    CreateChildBody,
+    HeartbeatBody,
+    HeartbeatOut,
+)
+from agentledger.errors import IllegalTransition, ValidationFailed
+from ingest.event_types import DATA_MODELS, EXECUTOR_APPENDABLE
+from ingest.events import append_events
+from ingest.leases import claim_runs, heartbeat
+from ingest.runs import create_child_run
+
+EXECUTORS = ("executor", "admin")
+
+
+@api.route("/executor/claim", "POST", summary="Lease queued runs (per-thread FIFO)",
+           roles=EXECUTORS, body=ClaimBody, responses={200: ClaimOut}, errors=(422,),
+           tag="executor")
+def executor_claim(body: ClaimBody, raw_body):
+    settings = state().settings
+    with state().db.write() as s:
+        claimed = claim_runs(s, body.executor_instance_id, max_runs=body.max_runs,
+                             lease_seconds=body.lease_seconds or settings.lease_seconds)
+    return jsonify({"runs": [
+        {
+            "run_id": c.run_id,
+            "thread_id": c.thread_id,
+            "root_run_id": c.root_run_id,
+            "parent_run_id": c.parent_run_id,
+            "input": c.input,
+            "agent_execution_snapshot": c.agent_execution_snapshot,
+            "context_pack_snapshot": c.context_pack_snapshot,
+            "context": c.context,
+            "lease_expires_at": c.lease_expires_at.isoformat(),
+        }
+        for c in claimed
+    ]})
+
+
+@api.route("/executor/runs/<run_id>/heartbeat", "POST", summary="Extend the lease",
+           roles=EXECUTORS, body=HeartbeatBody, responses={200: HeartbeatOut},
+           errors=(404, 409, 422), tag="executor")
+def executor_heartbeat(run_id: str, body: HeartbeatBody, raw_body):
+    with state().db.write() as s:
+        beat = heartbeat(s, run_id, body.executor_instance_id,
+                         lease_seconds=state().settings.lease_seconds)
+    return jsonify({"lease_expires_at": beat.lease_expires_at.isoformat(),
+                    "cancel_requested": beat.cancel_requested})
+
+
+@api.route("/executor/runs/<run_id>/events", "POST",
+           summary="Append events; the whole batch or nothing", roles=EXECUTORS,
+           body=AppendEventsBody, responses={200: AppendEventsOut}, errors=(404, 409, 422),
+           tag="executor")
+def executor_events(run_id: str, body: AppendEventsBody, raw_body):
+    batch = []
+    for event in body.events:
+        if event.type not in DATA_MODELS:
+            raise ValidationFailed(f"unknown event type {event.type!r}")
+        if event.type not in EXECUTOR_APPENDABLE:
+            raise IllegalTransition(f"{event.type} is written by the ledger, not by executors")
+        batch.append((event.type, event.data))
+    with state().db.write() as s:
+        result = append_events(s, run_id, batch, executor_instance_id=body.executor_instance_id)
+    return jsonify({"seqs": result.seqs, "cancel_requested": result.cancel_requested})
+
+
+@api.route("/executor/runs/<run_id>/children", "POST", summary="Delegate: create a child run",
+           roles=EXECUTORS, body=CreateChildBody, responses={201: ChildOut},
+           errors=(404, 409, 422), tag="executor")
+def executor_children(run_id: str, body: CreateChildBody, raw_body):
+    with state().db.write() as s:
+        child_id = create_child_run(s, run_id, agent_id=body.agent_id, input=body.input,
+                                    executor_instance_id=body.executor_instance_id)
+    return jsonify({"run_id": child_id, "events_url": f"/api/agent-runs/{child_id}/events"}), 201

@@ -1,0 +1,104 @@
+"""Runs: detail, list, events (JSON pages and Server-Sent Events), cancel, tree, provenance."""
+
+from __future__ import annotations
+
+from flask import jsonify
+
+from agentledger.api import api
+from agentledger.api.context import owner_scope, principal, state
+from agentledger.api.registry import READERS, WRITERS
+from agentledger.api.schemas import (
+    CancelOut,
+    EventsOut,
+    EventsQuery,
+    ProvenanceOut,
+    RunList,
+    RunListQuery,
+    RunOut,
+    TreeOut,
+)
+from agentledger.api.stream import event_stream_response, wants_event_stream
+from agentledger.errors import NotAnAssistantMessage, NotFound
+from ingest.cancel import request_cancel
+from queries.provenance import UserMessage, message_provenance
+from queries.run_events import events_page
+from queries.run_tree import run_tree
+from queries.runs import RunFilters, get_run, list_runs
+
+SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+@api.route("/agent-runs/<run_id>", "GET", summary="One run: status, snapshots, lease, timing",
+           roles=READERS, responses={200: RunOut}, errors=(404,), tag="runs")
+def runs_detail(run_id: str):
+    with state().db.read() as s:
+        run = get_run(s, run_id, visible_to=owner_scope())
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return jsonify(run)
+
+
+@api.route("/agent-runs", "GET", summary="Runs matching filters, newest first", roles=READERS,
+           query=RunListQuery, responses={200: RunList}, tag="runs")
+def runs_index(query: RunListQuery):
+    filters = RunFilters(
+        status=query.status, agent_id=query.agent_id, session_id=query.session_id,
+        root_run_id=query.root_run_id, created_after=query.created_after,
+        created_before=query.created_before,
+    )
+    with state().db.read() as s:
+        page = list_runs(s, filters, visible_to=owner_scope(), limit=query.limit, cursor=query.cursor)
+    return jsonify(page.as_dict())
+
+
+@api.route("/agent-runs/<run_id>/events", "GET",
+           summary="The run's events: JSON pages, or Server-Sent Events with Accept: text/event-stream",
+           roles=READERS, query=EventsQuery, responses={200: EventsOut, 204: None},
+           errors=(404,), tag="runs", extra_content=SSE_CONTENT,
+           headers={"Last-Event-ID": "SSE: resume after this seq"})
+def runs_events(run_id: str, query: EventsQuery):
+    if wants_event_stream():
+        return event_stream_response(run_id, query.after_seq)
+    with state().db.read() as s:
+        page = events_page(s, run_id, after_seq=query.after_seq, limit=query.limit,
+                           visible_to=owner_scope())
+    if page is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return jsonify(page.as_dict())
+
+
+@api.route("/agent-runs/<run_id>/cancel", "POST",
+           summary="Cancel the run and its unfinished descendants", roles=WRITERS,
+           responses={202: CancelOut}, errors=(404, 409), tag="runs")
+def runs_cancel(run_id: str):
+    with state().db.write() as s:
+        status = request_cancel(s, run_id, requested_by=principal().owner_id,
+                                visible_to=owner_scope())
+    return jsonify({"run_id": run_id, "status": status}), 202
+
+
+@api.route("/agent-runs/<run_id>/tree", "GET", summary="The whole delegation tree of any of its runs",
+           roles=READERS, responses={200: TreeOut}, errors=(404,), tag="runs")
+def runs_tree(run_id: str):
+    with state().db.read() as s:
+        tree = run_tree(s, run_id, visible_to=owner_scope())
+    if tree is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return jsonify(tree)
+
+
+@api.route("/messages/<message_id>/provenance", "GET",
+           summary="Which run, agent version and context produced this answer", roles=READERS,
+           responses={200: ProvenanceOut}, errors=(404, 422), tag="runs")
+def message_provenance_view(message_id: str):
+    try:
+        with state().db.read() as s:
+            found = message_provenance(s, message_id, visible_to=owner_scope())
+    except UserMessage as exc:
+        raise NotAnAssistantMessage(
+            f"message {message_id} is a user message; provenance exists only for answers"
+        ) from exc
+    if found is None:
+        raise NotFound(f"message {message_id} does not exist")
+    return jsonify(found)
+

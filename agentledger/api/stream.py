@@ -1,0 +1,92 @@
+"""Server-Sent Events for a run's event stream.
+
+Each loop reads a page of new events in its own short read transaction, sends them, and then
+waits on the process's notifier without holding a connection. ``id:`` is the seq, so a client
+that reconnects with ``Last-Event-ID`` continues exactly after the last event it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Response, request, stream_with_context
+
+from agentledger.api.context import owner_scope, state
+from agentledger.errors import InvalidRequest, NotFound
+from queries.run_events import events_page, run_head
+
+PAGE = 500
+RETRY_MS = 2000
+
+
+def wants_event_stream() -> bool:
+    accept = request.headers.get("Accept", "")
+    return "text/event-stream" in accept
+
+
+def _start_after(default: int) -> int:
+    header = request.headers.get("Last-Event-ID")
+    if header is None or header.strip() == "":
+        return default
+    try:
+        value = int(header.strip())
+    except ValueError as exc:
+        raise InvalidRequest("Last-Event-ID must be an event seq (an integer)") from exc
+    if value < 0:
+        raise InvalidRequest("Last-Event-ID must not be negative")
+    return value
+
+
+def frame(event: dict) -> str:
+    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def event_stream_response(run_id: str, after_seq: int) -> Response:
+    start = _start_after(after_seq)
+    scope = owner_scope()
+    app_state = state()
+    with app_state.db.read() as s:
+        head = run_head(s, run_id, visible_to=scope)
+    if head is None:
+        raise NotFound(f"run {run_id} does not exist")
+    if head.status in ("succeeded", "failed", "cancelled", "interrupted") and start >= head.last_event_seq:
+        return Response(status=204)
+
+    keepalive = app_state.settings.sse_keepalive_seconds
+    notifier = app_state.notifier
+    key = run_id
+
+    def generate():
+        last = start
+        notifier.subscribe(key)
+        yield f"retry: {RETRY_MS}\n\n"
+        last_write = time.monotonic()
+        try:
+            while True:
+                seen = notifier.generation(key)
+                with app_state.db.read() as s:
+                    page = events_page(s, run_id, after_seq=last, limit=PAGE, visible_to=scope)
+                if page is None:
+                    return
+                if page.events:
+                    yield "".join(frame(e) for e in page.events)
+                    last = page.next_after_seq
+                    last_write = time.monotonic()
+                if page.terminal:
+                    return
+                if len(page.events) == PAGE:
+                    continue
+                remaining = keepalive - (time.monotonic() - last_write)
+                if remaining <= 0:
+                    yield ": keep-alive\n\n"
+                    last_write = time.monotonic()
+                    remaining = keepalive
+                notifier.wait(key, seen, remaining)
+        finally:
+            notifier.unsubscribe(key)
+
+    response = Response(stream_with_context(generate()), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"
+    return response

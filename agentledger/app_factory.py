@@ -1,0 +1,55 @@
+"""``create_app(settings)``: the Flask application with the API, login and dashboards."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from flask import Flask
+
+from agentledger.api.context import AppState
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.notifier import EventNotifier
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    database: Database | None = None,
+    dashboards: bool = True,
+) -> Flask:
+    """Build the app. Background work (worker, reconciler) is started by ``server``, not here,
+    so tests and WSGI servers can create apps freely."""
+    settings = settings or Settings.from_env()
+    db = database or Database(settings.database_url)
+    app = Flask("agentledger")
+    app.config.update(
+        SECRET_KEY=settings.resolved_secret_key(),
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        SESSION_COOKIE_NAME="agentledger_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
+        JSON_SORT_KEYS=False,
+    )
+    app.json.sort_keys = False
+    notifier = EventNotifier(db.url, is_postgres=db.is_postgres,
+                             poll_seconds=settings.sse_poll_seconds)
+    app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier)
+
+    from agentledger.api import blueprint
+    from agentledger.api.errors import register_error_handlers
+    from agentledger.web_auth import web_auth
+
+    app.register_blueprint(blueprint)
+    app.register_blueprint(web_auth)
+    register_error_handlers(app)
+    if dashboards:
+        try:
+            from dashboards import mount_dashboards
+        except ImportError:  # pragma: no cover - dashboards not built yet
+            logging.getLogger("agentledger").info("dashboards package not available")
+        else:
+            mount_dashboards(app)
+    return app

@@ -1,0 +1,114 @@
+"""Shared pieces of the read side: time formatting, cursors, pages and owner visibility."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, literal, select, tuple_
+from sqlalchemy.orm import aliased
+
+from agentledger.errors import InvalidRequest
+from agentledger.schema import AgentRun, ChatSession
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+
+
+class BadCursor(InvalidRequest):
+    """A cursor that this server did not produce (400 ``invalid_request``)."""
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "next_cursor": self.next_cursor}
+
+
+def encode_cursor(*values: Any) -> str:
+    raw = json.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, size: int) -> list[Any]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        values = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadCursor("cursor is not valid") from exc
+    if not isinstance(values, list) or len(values) != size:
+        raise BadCursor("cursor is not valid")
+    return values
+
+
+def parse_time(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError) as exc:
+        raise BadCursor("cursor is not valid") from exc
+    if moment.tzinfo is None:
+        raise BadCursor("cursor is not valid")
+    return moment
+
+
+def run_visible_to(owner_id: str):
+    """SQL condition: the run is this owner's and its root run's session was not deleted.
+
+    A deleted session disappears for its owner together with its runs (child runs included);
+    viewers and admins still see everything (they pass no owner).
+    """
+    root = aliased(AgentRun)
+    return and_(
+        AgentRun.owner_id == owner_id,
+        ~exists(
+            select(1)
+            .select_from(root)
+            .join(ChatSession, ChatSession.id == root.session_id)
+            .where(root.id == AgentRun.root_run_id, ChatSession.deleted_at.is_not(None))
+        ),
+    )
+
+
+def run_summary(row) -> dict[str, Any]:
+    """The contract's run object from a row that has every ``agent_run`` column."""
+    snapshot = row.agent_execution_snapshot
+    return {
+        "id": row.id,
+        "session_id": row.session_id,
+        "thread_id": row.thread_id,
+        "root_run_id": row.root_run_id,
+        "parent_run_id": row.parent_run_id,
+        "owner_id": row.owner_id,
+        "agent_id": row.agent_id,
+        "agent_name": snapshot.get("name"),
+        "agent_version": snapshot.get("version"),
+        "status": row.status,
+        "agent_execution_snapshot": snapshot,
+        "context_pack_snapshot": row.context_pack_snapshot,
+        "last_event_seq": row.last_event_seq,
+        "executor_instance_id": row.executor_instance_id,
+        "lease_expires_at": iso(row.lease_expires_at),
+        "final_message_id": row.final_message_id,
+        "error": row.error,
+        "created_at": iso(row.created_at),
+        "started_at": iso(row.started_at),
+        "finished_at": iso(row.finished_at),
+        "events_url": f"/api/agent-runs/{row.id}/events",
+    }
+
+
+def after_cursor(time_column, id_column, moment: datetime, last_id: str, *, descending: bool = True):
+    """Keyset condition: rows after (moment, last_id) in (time, id) order."""
+    key = tuple_(time_column, id_column)
+    bound = tuple_(literal(moment, type_=time_column.type), literal(last_id, type_=id_column.type))
+    return key < bound if descending else key > bound

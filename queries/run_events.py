@@ -1,0 +1,68 @@
+"""What happened in this run, in order, after a given seq?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agentledger.schema import TERMINAL, AgentRun, RunEvent
+from queries.common import iso, run_visible_to
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    run_id: str
+    events: list[dict[str, Any]]
+    next_after_seq: int
+    status: str
+    terminal: bool
+    last_event_seq: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "events": self.events,
+            "next_after_seq": self.next_after_seq,
+            "status": self.status,
+            "terminal": self.terminal,
+        }
+
+
+def event_dict(row) -> dict[str, Any]:
+    return {"seq": row.seq, "type": row.type, "data": row.data, "created_at": iso(row.created_at)}
+
+
+def run_head(session: Session, run_id: str, *, visible_to: str | None = None):
+    """(status, last_event_seq) of a run the caller may see, else None."""
+    stmt = select(AgentRun.status, AgentRun.last_event_seq).where(AgentRun.id == run_id)
+    if visible_to is not None:
+        stmt = stmt.where(run_visible_to(visible_to))
+    return session.execute(stmt).one_or_none()
+
+
+def events_page(
+    session: Session, run_id: str, *, after_seq: int = 0, limit: int = 50,
+    visible_to: str | None = None,
+) -> EventsPage | None:
+    """Up to ``limit`` events with seq > ``after_seq``; None if the run is not visible.
+
+    The run's status is read before its events, so a page never claims ``terminal`` unless
+    the terminal event is already in it (the status changes in the same transaction as the
+    terminal event is written).
+    """
+    head = run_head(session, run_id, visible_to=visible_to)
+    if head is None:
+        return None
+    rows = session.execute(
+        select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
+        .where(RunEvent.run_id == run_id, RunEvent.seq > after_seq)
+        .order_by(RunEvent.seq)
+        .limit(limit)
+    ).all()
+    events = [event_dict(r) for r in rows]
+    next_after = events[-1]["seq"] if events else after_seq
+    terminal = head.status in TERMINAL and next_after >= head.last_event_seq
+    return EventsPage(run_id, events, next_after, head.status, terminal, head.last_event_seq)

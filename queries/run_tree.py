@@ -1,0 +1,61 @@
+"""Which runs make up this run's delegation tree, and how did each go?
+
+Rebuilt from rows alone (``root_run_id``, ``parent_run_id``): one indexed read of the root's
+runs, ordered parents before children.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agentledger.schema import AgentRun
+from queries.common import iso, run_visible_to
+
+
+def run_tree(session: Session, run_id: str, *, visible_to: str | None = None) -> dict[str, Any] | None:
+    stmt = select(AgentRun.root_run_id).where(AgentRun.id == run_id)
+    if visible_to is not None:
+        stmt = stmt.where(run_visible_to(visible_to))
+    root_id = session.execute(stmt).scalar_one_or_none()
+    if root_id is None:
+        return None
+    rows = session.execute(
+        select(
+            AgentRun.id,
+            AgentRun.parent_run_id,
+            AgentRun.agent_id,
+            AgentRun.agent_execution_snapshot,
+            AgentRun.status,
+            AgentRun.created_at,
+            AgentRun.started_at,
+            AgentRun.finished_at,
+        )
+        .where(AgentRun.root_run_id == root_id)
+        .order_by(AgentRun.created_at, AgentRun.id)
+    ).all()
+    children: dict[str | None, list] = {}
+    for row in rows:
+        children.setdefault(row.parent_run_id, []).append(row)
+    ordered, frontier = [], [r for r in rows if r.id == root_id]
+    while frontier:
+        ordered.extend(frontier)
+        frontier = [c for node in frontier for c in children.get(node.id, [])]
+    nodes = [
+        {
+            "run_id": r.id,
+            "parent_run_id": r.parent_run_id,
+            "agent_id": r.agent_id,
+            "agent_name": r.agent_execution_snapshot.get("name"),
+            "agent_version": r.agent_execution_snapshot.get("version"),
+            "status": r.status,
+            "events_url": f"/api/agent-runs/{r.id}/events",
+            "created_at": iso(r.created_at),
+            "started_at": iso(r.started_at),
+            "finished_at": iso(r.finished_at),
+        }
+        for r in ordered
+    ]
+    return {"root_run_id": root_id, "nodes": nodes}

@@ -1,0 +1,78 @@
+"""What is this run, and which runs match these filters?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agentledger.schema import AgentRun
+from queries.common import (
+    DEFAULT_LIMIT,
+    Page,
+    after_cursor,
+    decode_cursor,
+    encode_cursor,
+    parse_time,
+    run_summary,
+    run_visible_to,
+)
+
+
+def get_run(session: Session, run_id: str, *, visible_to: str | None = None) -> dict[str, Any] | None:
+    """The run as the API shows it, or None when it does not exist (or is not the owner's)."""
+    stmt = select(AgentRun).where(AgentRun.id == run_id)
+    if visible_to is not None:
+        stmt = stmt.where(run_visible_to(visible_to))
+    row = session.execute(stmt).scalar_one_or_none()
+    return run_summary(row) if row is not None else None
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    status: str | None = None
+    agent_id: str | None = None
+    session_id: str | None = None
+    root_run_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+def list_runs(
+    session: Session,
+    filters: RunFilters,
+    *,
+    visible_to: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    cursor: str | None = None,
+) -> Page:
+    """Runs matching every given filter, newest first, one page at a time."""
+    stmt = select(AgentRun)
+    if visible_to is not None:
+        stmt = stmt.where(run_visible_to(visible_to))
+    for column, value in (
+        (AgentRun.status, filters.status),
+        (AgentRun.agent_id, filters.agent_id),
+        (AgentRun.session_id, filters.session_id),
+        (AgentRun.root_run_id, filters.root_run_id),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if filters.created_after is not None:
+        stmt = stmt.where(AgentRun.created_at >= filters.created_after)
+    if filters.created_before is not None:
+        stmt = stmt.where(AgentRun.created_at < filters.created_before)
+    if cursor:
+        created, run_id = decode_cursor(cursor, 2)
+        created = parse_time(created)
+        stmt = stmt.where(after_cursor(AgentRun.created_at, AgentRun.id, created, run_id))
+    rows = session.execute(
+        stmt.order_by(AgentRun.created_at.desc(), AgentRun.id.desc()).limit(limit + 1)
+    ).scalars().all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    return Page([run_summary(r) for r in rows], next_cursor)
