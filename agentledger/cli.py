@@ -78,7 +78,8 @@ def cmd_serve(args, settings: Settings) -> int:
     from agentledger.server import serve
 
     return serve(settings, host=args.host, port=args.port, run_worker=not args.no_worker,
-                 demo=args.demo, workers=args.workers, threads=args.threads)
+                 demo=args.demo, workers=args.workers, threads=args.threads,
+                 concurrency=args.concurrency)
 
 
 def cmd_worker(args, settings: Settings) -> int:
@@ -113,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-worker", action="store_true", help="do not execute runs in this process")
     p.add_argument("--demo", action="store_true", help="seed demo data when the database is empty")
     p.add_argument("--workers", type=int, default=1, help="HTTP worker processes (gunicorn)")
-    p.add_argument("--threads", type=int, default=128, help="threads per HTTP worker process")
+    p.add_argument("--threads", type=int, default=128,
+                   help="threads per HTTP worker process (each open event stream uses one)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="runs executed at once by each in-process executor")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="a standalone executor process")

@@ -32,7 +32,13 @@ def now(session: Session) -> datetime:
     PostgreSQL's ``now()`` is the transaction's start time: one consistent instant per
     transaction, shared by every process on every machine. SQLite is embedded in this process,
     so its clock is this machine's.
+
+    A historical import sets ``session.info["clock"]`` to the moment being replayed; every
+    ingest function then stamps rows with that moment instead (see ``ingest.history``).
     """
+    override = session.info.get("clock")
+    if override is not None:
+        return override
     if name(session) == "postgresql":
         value = session.execute(text("SELECT now()")).scalar_one()
         return value.astimezone(UTC)

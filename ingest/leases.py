@@ -15,7 +15,7 @@ from sqlalchemy import and_, exists, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger import dialect
-from agentledger.errors import LeaseLost, ValidationFailed
+from agentledger.errors import IllegalTransition, LeaseLost, ValidationFailed
 from agentledger.schema import ACTIVE, AgentRun, ContextBlob
 from ingest.events import append_events, lease_deadline
 
@@ -81,24 +81,46 @@ def claim_runs(
     ids = session.execute(
         dialect.for_update(claimable_runs_query(max_runs), session, skip_locked=True)
     ).scalars().all()
-    expires = lease_deadline(now, lease_seconds)
-    claimed = []
-    for run_id in ids:
-        append_events(
-            session,
-            run_id,
-            [("run.started", {"executor_instance_id": executor_instance_id,
-                              "lease_expires_at": expires.isoformat()})],
-            run_values={
-                "executor_instance_id": executor_instance_id,
-                "lease_expires_at": expires,
-                "last_heartbeat_at": now,
-                "started_at": now,
-            },
-            now=now,
+    return [_start(session, run_id, executor_instance_id, now, lease_seconds) for run_id in ids]
+
+
+def claim_run(
+    session: Session, run_id: str, executor_instance_id: str, *, lease_seconds: float = 30
+) -> ClaimedRun:
+    """Lease one specific queued run, if it is first in line on its thread.
+
+    Used by imports and tools that execute a known run; raises ``IllegalTransition`` when the
+    run is not claimable now (not queued, or an earlier run of its thread comes first).
+    """
+    _check_lease_seconds(lease_seconds)
+    now = dialect.now(session)
+    found = session.execute(
+        dialect.for_update(
+            claimable_runs_query(1).where(AgentRun.id == run_id), session, skip_locked=True
         )
-        claimed.append(_claimed(session, run_id, expires))
-    return claimed
+    ).scalar_one_or_none()
+    if found is None:
+        raise IllegalTransition(f"run {run_id} is not claimable now")
+    return _start(session, run_id, executor_instance_id, now, lease_seconds)
+
+
+def _start(session: Session, run_id: str, executor_instance_id: str, now: datetime,
+           lease_seconds: float) -> ClaimedRun:
+    expires = lease_deadline(now, lease_seconds)
+    append_events(
+        session,
+        run_id,
+        [("run.started", {"executor_instance_id": executor_instance_id,
+                          "lease_expires_at": expires.isoformat()})],
+        run_values={
+            "executor_instance_id": executor_instance_id,
+            "lease_expires_at": expires,
+            "last_heartbeat_at": now,
+            "started_at": now,
+        },
+        now=now,
+    )
+    return _claimed(session, run_id, expires)
 
 
 def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:

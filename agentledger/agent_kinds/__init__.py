@@ -1,0 +1,52 @@
+"""Agent kinds: what actually produces an answer for a run.
+
+A kind is a callable ``kind(ctx: RunContext) -> str | None``; it reads ``ctx.input``,
+``ctx.agent_execution_snapshot`` and ``ctx.context``, reports progress through ``ctx.emit``
+(message deltas, tool calls, usage) and may return the final answer (otherwise the answer is
+the joined ``message.delta`` texts). Built in: ``echo`` and ``scripted``. Other packages add
+kinds through the ``agentledger.agent_kinds`` entry-point group, e.g. in their pyproject::
+
+    [project.entry-points."agentledger.agent_kinds"]
+    my-llm = "my_package.agent:run_llm"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from agentledger.agent_kinds.context import AgentFailed, RunCancelled, RunContext
+from agentledger.agent_kinds.echo import run_echo
+from agentledger.agent_kinds.scripted import run_scripted, validate_steps
+
+AgentKind = Callable[[RunContext], "str | None"]
+
+BUILT_IN: dict[str, AgentKind] = {"echo": run_echo, "scripted": run_scripted}
+ENTRY_POINT_GROUP = "agentledger.agent_kinds"
+
+
+@lru_cache(maxsize=1)
+def available_kinds() -> dict[str, AgentKind]:
+    kinds = dict(BUILT_IN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        kinds.setdefault(ep.name, ep.load())
+    return kinds
+
+
+def kind_for(name: str) -> AgentKind | None:
+    return available_kinds().get(name)
+
+
+def validate_definition(kind: str, params: dict) -> None:
+    """Raise ``ValueError`` with a sentence when a definition cannot run."""
+    if kind not in available_kinds():
+        raise ValueError(f"unknown agent kind {kind!r}; known: {', '.join(sorted(available_kinds()))}")
+    if kind == "scripted":
+        validate_steps(params.get("steps"))
+
+
+__all__ = [
+    "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "kind_for",
+    "validate_definition",
+]

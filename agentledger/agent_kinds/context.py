@@ -1,0 +1,58 @@
+"""What an agent kind sees of its run, and how it reports progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class RunCancelled(Exception):
+    """Raised inside an agent when the run is being cancelled; the executor confirms it."""
+
+
+class AgentFailed(Exception):
+    """Raised by an agent to end its run ``failed`` with ``{"code": code, "message": …}``."""
+
+    def __init__(self, message: str, code: str = "agent_error"):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ExecutionPort(Protocol):
+    """What the executor offers a running agent (implemented by ``worker.executor``)."""
+
+    def emit(self, run_id: str, event_type: str, data: dict) -> None: ...
+    def sleep(self, run_id: str, seconds: float) -> None: ...
+    def delegate(self, run_id: str, children: list[dict[str, str]]) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    input: str
+    agent_execution_snapshot: dict[str, Any]
+    context_pack_snapshot: dict[str, Any]
+    context: list[dict[str, Any]]
+    port: ExecutionPort
+    answer_parts: list[str] = field(default_factory=list)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.agent_execution_snapshot.get("params") or {}
+
+    def say(self, text: str) -> None:
+        """One ``message.delta``; the text becomes part of the answer."""
+        self.port.emit(self.run_id, "message.delta", {"text": text})
+        self.answer_parts.append(text)
+
+    def emit(self, event_type: str, data: dict) -> None:
+        self.port.emit(self.run_id, event_type, data)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, noticing a cancel within a second (raises ``RunCancelled``)."""
+        self.port.sleep(self.run_id, seconds)
+
+    def delegate(self, children: list[dict[str, str]]) -> list[dict[str, Any]]:
+        """Create child runs, let any worker run them in parallel, wait for all of them."""
+        return self.port.delegate(self.run_id, children)

@@ -1,0 +1,71 @@
+"""``scripted``: runs ``params.steps`` in order (CONTRACT §5), for demos and tests.
+
+Steps: ``{"say": text}``, ``{"sleep": seconds}``, ``{"tool": name, "input": …, "output": …}``,
+``{"usage": {…}}``, ``{"delegate": [{"agent_id", "input"}, …]}``, ``{"fail": message}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentledger.agent_kinds.context import AgentFailed, RunContext
+
+STEP_KEYS = ("say", "sleep", "tool", "usage", "delegate", "fail")
+MAX_SLEEP = 3600
+
+
+def validate_steps(steps: Any) -> None:
+    if steps is None:
+        return
+    if not isinstance(steps, list):
+        raise ValueError("params.steps must be a list")
+    for index, step in enumerate(steps):
+        where = f"params.steps[{index}]"
+        if not isinstance(step, dict):
+            raise ValueError(f"{where} must be an object")
+        keys = [k for k in STEP_KEYS if k in step]
+        if len(keys) != 1:
+            raise ValueError(f"{where} must have exactly one of {', '.join(STEP_KEYS)}")
+        key = keys[0]
+        value = step[key]
+        if key in ("say", "fail") and not isinstance(value, str):
+            raise ValueError(f"{where}.{key} must be a string")
+        if key == "sleep" and (isinstance(value, bool) or not isinstance(value, int | float)
+                               or not 0 <= value <= MAX_SLEEP):
+            raise ValueError(f"{where}.sleep must be a number of seconds (0-{MAX_SLEEP})")
+        if key == "tool" and not isinstance(value, str):
+            raise ValueError(f"{where}.tool must be the tool's name")
+        if key == "usage" and not isinstance(value, dict):
+            raise ValueError(f"{where}.usage must be an object")
+        if key == "delegate":
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"{where}.delegate must be a non-empty list")
+            for child in value:
+                if not isinstance(child, dict) or not isinstance(child.get("agent_id"), str):
+                    raise ValueError(f"{where}.delegate items need an agent_id")
+
+
+def run_scripted(ctx: RunContext) -> str | None:
+    for step in ctx.params.get("steps") or []:
+        if "say" in step:
+            ctx.say(str(step["say"]).replace("{input}", ctx.input))
+        elif "sleep" in step:
+            ctx.sleep(float(step["sleep"]))
+        elif "tool" in step:
+            ctx.emit("tool.call", {"name": step["tool"], "input": step.get("input", {})})
+            ctx.emit("tool.result", {"name": step["tool"], "output": step.get("output", {})})
+        elif "usage" in step:
+            usage = step["usage"]
+            ctx.emit("usage", {
+                "input_tokens": int(usage.get("input_tokens", 0)),
+                "output_tokens": int(usage.get("output_tokens", 0)),
+                "cost_usd": float(usage.get("cost_usd", 0.0)),
+            })
+        elif "delegate" in step:
+            ctx.delegate([
+                {"agent_id": c["agent_id"], "input": str(c.get("input", ctx.input)).replace("{input}", ctx.input)}
+                for c in step["delegate"]
+            ])
+        elif "fail" in step:
+            raise AgentFailed(str(step["fail"]))
+    return None

@@ -1,0 +1,257 @@
+"""Demo data: realistic history written through the real ingest path (``ingest.history``).
+
+Agents with 2-3 versions, sessions of several owners that switch agents, delegation trees up to
+depth 3, failures, cancels, interruptions of every reason, token usage and cost, spread over the
+last N days. Each run's whole life is one transaction, so a live worker never sees (or claims)
+a half-imported run.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.orm import Session
+from tqdm import tqdm
+
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.errors import Conflict
+from ingest.agents import AgentDefinition, add_agent_version, register_agent
+from ingest.cancel import request_cancel
+from ingest.events import append_events
+from ingest.history import replay_at
+from ingest.leases import claim_run, heartbeat
+from ingest.reconcile import interrupt_executor_runs, interrupt_if_lease_expired, interrupt_if_orphaned
+from ingest.runs import ContextItem, create_child_run, post_message, request_checksum
+from ingest.sessions import create_session, update_session
+
+LEASE = 120  # seconds; replayed heartbeats renew it like a live executor would
+OWNERS = ("alice", "bob", "carol", "dave", "erin")
+EXECUTORS = ("worker-eu-1", "worker-eu-2", "worker-us-1")
+
+# agent id -> list of (name, kind, model) per version, oldest first
+AGENTS = {
+    "support-bot": [("Support Bot", "scripted", "gpt-4o-mini"),
+                    ("Support Bot", "scripted", "gpt-4o"),
+                    ("Support Bot Pro", "scripted", "gpt-4.1")],
+    "researcher": [("Researcher", "scripted", "claude-3-5-sonnet"),
+                   ("Deep Researcher", "scripted", "claude-sonnet-4")],
+    "web-search": [("Web Search", "scripted", "tool-only"),
+                   ("Web Search", "scripted", "tool-only-v2")],
+    "summarizer": [("Summarizer", "scripted", "gpt-4o-mini"),
+                   ("Summarizer", "scripted", "gpt-4.1-mini"),
+                   ("Brief Writer", "scripted", "gpt-4.1-mini")],
+    "code-reviewer": [("Code Reviewer", "scripted", "o3-mini"),
+                      ("Code Reviewer", "scripted", "o4-mini")],
+    "echo": [("Echo", "echo", None), ("Echo", "echo", None)],
+}
+TOPICS = ("refund policy", "latency spike in eu-west", "Q3 churn numbers", "the onboarding flow",
+          "PR #4821 (retry logic)", "GDPR export request", "pricing page copy", "an outage postmortem",
+          "the SSO migration", "invoice INV-2231")
+CONTEXT_DOCS = (("kb-refunds", "Refund policy"), ("kb-sla", "Support SLA"),
+                ("runbook-latency", "Latency runbook"), ("style-guide", "Writing style guide"))
+
+
+@dataclass
+class _Plan:
+    at: datetime
+    owner: str
+    outcome: str  # succeeded | failed | cancelled | lease_expired | service_restart | executor_shutdown
+    depth: int
+
+
+def _definition(agent_id: str, version: int) -> AgentDefinition:
+    name, kind, model = AGENTS[agent_id][version - 1]
+    return AgentDefinition(
+        name=name, kind=kind, model=model,
+        instructions=f"You are {name} (v{version}). Be accurate and cite the context pack.",
+        tools=[{"name": "search"}, {"name": "fetch"}] if agent_id in ("researcher", "web-search") else [],
+        params={"steps": [{"say": "Working on: {input}"}]} if kind == "scripted" else {},
+    )
+
+
+def _ensure_agents(db: Database, start: datetime, days: int) -> dict[str, list[datetime]]:
+    """Register every agent at ``start`` and schedule its later versions over the window."""
+    schedule: dict[str, list[datetime]] = {}
+    for agent_id, versions in AGENTS.items():
+        with db.write() as s:
+            replay_at(s, start)
+            try:
+                register_agent(s, agent_id, _definition(agent_id, 1))
+            except Conflict:
+                schedule[agent_id] = []
+                continue
+        step = timedelta(days=days / len(versions))
+        schedule[agent_id] = [start + step * i for i in range(1, len(versions))]
+    return schedule
+
+
+class _Replayer:
+    def __init__(self, s: Session, rng: random.Random, at: datetime):
+        self.s, self.rng, self.at = s, rng, at
+
+    def tick(self, low: float, high: float) -> datetime:
+        self.at += timedelta(seconds=self.rng.uniform(low, high))
+        replay_at(self.s, self.at)
+        return self.at
+
+    def work(self, run_id: str, executor: str, topic: str) -> None:
+        """Progress events of a healthy run: a tool call, some text, usage."""
+        rng = self.rng
+        if rng.random() < 0.7:
+            self.tick(0.2, 2)
+            append_events(self.s, run_id, [
+                ("tool.call", {"name": "search", "input": {"query": topic}}),
+                ("tool.result", {"name": "search", "output": {"hits": rng.randint(1, 12)}}),
+            ], executor_instance_id=executor)
+        for part in (f"Looked into {topic}. ", "Here is what I found: ", "all checks pass."):
+            self.tick(0.1, 1.5)
+            append_events(self.s, run_id, [("message.delta", {"text": part})],
+                          executor_instance_id=executor)
+        self.tick(0.05, 0.3)
+        tokens_in, tokens_out = rng.randint(300, 6000), rng.randint(80, 1500)
+        append_events(self.s, run_id, [("usage", {
+            "input_tokens": tokens_in, "output_tokens": tokens_out,
+            "cost_usd": round(tokens_in * 2.5e-6 + tokens_out * 1e-5, 6)})],
+            executor_instance_id=executor)
+
+    def execute(self, run_id: str, outcome: str, depth: int, topic: str) -> None:
+        rng = self.rng
+        executor = rng.choice(EXECUTORS)
+        self.tick(0.05, 4)
+        claim_run(self.s, run_id, executor, lease_seconds=LEASE)
+        if depth > 0:
+            kids = []
+            for agent_id in rng.sample(["web-search", "summarizer", "code-reviewer"], rng.randint(1, 2)):
+                self.tick(0.1, 0.5)
+                kids.append(create_child_run(self.s, run_id, agent_id=agent_id,
+                                             input=f"{agent_id}: {topic}",
+                                             executor_instance_id=executor))
+            for kid in kids:
+                kid_outcome = "failed" if rng.random() < 0.08 else "succeeded"
+                self.execute(kid, kid_outcome, depth - 1, topic)
+            self.tick(0.1, 1)
+            heartbeat(self.s, run_id, executor, lease_seconds=LEASE)
+        if outcome in ("succeeded", "failed", "cancelled"):
+            self.work(run_id, executor, topic)
+        if outcome == "succeeded":
+            self.tick(0.05, 0.5)
+            append_events(self.s, run_id, [("run.completed", {})], executor_instance_id=executor)
+        elif outcome == "failed":
+            self.tick(0.05, 0.5)
+            code, message = rng.choice([("rate_limited", "model provider returned 429 three times"),
+                                        ("tool_error", "search backend timed out"),
+                                        ("agent_error", "could not parse the model's tool call")])
+            append_events(self.s, run_id, [("run.failed", {"error": {"code": code, "message": message}})],
+                          executor_instance_id=executor)
+        elif outcome == "cancelled":
+            self.tick(0.5, 5)
+            request_cancel(self.s, run_id, requested_by="demo-user")
+            self.tick(0.1, 0.9)
+            append_events(self.s, run_id, [("run.cancelled", {"external_stop_confirmed": True})],
+                          executor_instance_id=executor)
+        elif outcome == "lease_expired":
+            self.tick(1, 5)
+            self.tick(LEASE + 1, LEASE + 15)
+            interrupt_if_lease_expired(self.s, run_id)
+        elif outcome in ("service_restart", "executor_shutdown"):
+            self.tick(1, 10)
+            interrupt_executor_runs(self.s, executor, reason=outcome)
+
+
+def _outcome(rng: random.Random) -> str:
+    roll = rng.random()
+    for limit, outcome in ((0.74, "succeeded"), (0.83, "failed"), (0.89, "cancelled"),
+                           (0.94, "lease_expired"), (0.97, "service_restart")):
+        if roll < limit:
+            return outcome
+    return "executor_shutdown"
+
+
+def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | None = None,
+         progress: bool = False, now: datetime | None = None) -> int:
+    """Write ``runs`` root runs (plus their delegated children); returns the number of roots."""
+    if runs < 1 or days < 1:
+        raise ValueError("runs and days must be at least 1")
+    rng = random.Random(seed)
+    now = now or datetime.now(UTC)
+    start = now - timedelta(days=days)
+    db = Database(settings.database_url)
+    try:
+        versions_due = _ensure_agents(db, start, days)
+        moments = sorted(start + timedelta(seconds=rng.uniform(60, days * 86400 - 600))
+                         for _ in range(runs))
+        sessions: list[tuple[str, str]] = []
+        bar = tqdm(total=runs, unit="run", desc="demo seed", disable=not progress, file=sys.stderr)
+        for index, at in enumerate(moments):
+            with db.write() as s:
+                replayer = _Replayer(s, rng, at)
+                replay_at(s, at)
+                for agent_id, due in versions_due.items():
+                    while due and due[0] <= at:
+                        add_agent_version(s, agent_id, _definition(agent_id, len(AGENTS[agent_id]) - len(due) + 1))
+                        due.pop(0)
+                if not sessions or rng.random() < 0.3:
+                    owner = rng.choice(OWNERS)
+                    agent = rng.choice(["support-bot", "researcher", "code-reviewer", "echo"])
+                    sessions.append((create_session(s, owner_id=owner, agent_id=agent,
+                                                    title=f"About {rng.choice(TOPICS)}"), owner))
+                session_id, owner = rng.choice(sessions[-8:])
+                if rng.random() < 0.1:
+                    update_session(s, session_id, owner_id=None,
+                                   agent_id=rng.choice(["support-bot", "researcher", "code-reviewer"]))
+                topic = rng.choice(TOPICS)
+                agent_override = "researcher" if rng.random() < 0.25 else None
+                if agent_override is None and rng.random() < 0.1:
+                    agent_override = rng.choice(["summarizer", "echo"])
+                docs = rng.sample(CONTEXT_DOCS, rng.randint(0, 2))
+                body = {"content": f"Can you help with {topic}?", "n": index}
+                posted = post_message(
+                    s, owner_id=owner, session_id=session_id,
+                    idempotency_key=f"demo-{seed}-{index}-{at.timestamp()}",
+                    checksum=request_checksum(f"/api/sessions/{session_id}/messages", body),
+                    content=body["content"], agent_id=agent_override,
+                    context=[ContextItem(d, t, f"{t}: text of {d} as of {at:%Y-%m-%d}", 1 + index % 3)
+                             for d, t in docs],
+                )
+                outcome = _outcome(rng)
+                depth = 0
+                if posted.agent_id == "researcher":
+                    depth = rng.choice([1, 1, 2])
+                if depth and outcome == "failed" and rng.random() < 0.5:
+                    _orphan_tree(replayer, posted.run_id, topic)
+                else:
+                    replayer.execute(posted.run_id, outcome, depth, topic)
+            bar.update(1)
+        bar.close()
+        return runs
+    finally:
+        db.dispose()
+
+
+def _orphan_tree(replayer: _Replayer, run_id: str, topic: str) -> None:
+    """A parent that fails while its child is still queued: the child ends parent_terminal."""
+    s, executor = replayer.s, replayer.rng.choice(EXECUTORS)
+    replayer.tick(0.05, 2)
+    claim_run(s, run_id, executor, lease_seconds=LEASE)
+    replayer.tick(0.1, 0.5)
+    child = create_child_run(s, run_id, agent_id="web-search", input=topic, executor_instance_id=executor)
+    replayer.tick(0.1, 0.5)
+    append_events(s, run_id, [("run.failed", {"error": {"code": "agent_error",
+                                                        "message": "planner crashed after delegating"}})],
+                  executor_instance_id=executor)
+    replayer.tick(1, 5)
+    interrupt_if_orphaned(s, child)
+
+
+def seed_command(settings: Settings, *, runs: int, days: int, seed: int | None) -> int:
+    """``agentledger demo seed``."""
+    from agentledger.migrate import upgrade
+
+    upgrade(settings.database_url)
+    written = globals()["seed"](settings, runs=runs, days=days, seed=seed, progress=True)
+    print(f"seeded {written} root runs over {days} days into {settings.database_url.split('@')[-1]}")
+    return 0

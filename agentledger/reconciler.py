@@ -1,0 +1,104 @@
+"""The reconciler loop: runs whose executor vanished end ``interrupted``; nothing is re-run.
+
+Safe to run in any number of processes at once (``serve``, every ``worker``, or
+``agentledger reconcile``): each run is handled in its own short transaction that re-checks the
+condition under the run's row lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.errors import LedgerError
+from ingest.reconcile import (
+    expired_lease_run_ids,
+    interrupt_if_lease_expired,
+    interrupt_if_orphaned,
+    orphaned_child_run_ids,
+)
+
+log = logging.getLogger("agentledger.reconciler")
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    lease_expired: int
+    parent_terminal: int
+
+
+def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
+    """One pass over expired leases, then over queued children of ended parents."""
+    with db.write() as s:
+        expired = expired_lease_run_ids(s, limit=limit)
+    ended = 0
+    for run_id in expired:
+        try:
+            with db.write() as s:
+                ended += interrupt_if_lease_expired(s, run_id)
+        except LedgerError as exc:  # another writer ended it first
+            log.debug("run %s not interrupted: %s", run_id, exc.message)
+    with db.write() as s:
+        orphans = orphaned_child_run_ids(s, limit=limit)
+    orphaned = 0
+    for run_id in orphans:
+        try:
+            with db.write() as s:
+                orphaned += interrupt_if_orphaned(s, run_id)
+        except LedgerError as exc:
+            log.debug("run %s not interrupted: %s", run_id, exc.message)
+    if ended or orphaned:
+        log.info("reconciled: %d lease(s) expired, %d orphaned child run(s)", ended, orphaned)
+    return ReconcileResult(ended, orphaned)
+
+
+class ReconcilerThread(threading.Thread):
+    """Runs ``reconcile_once`` every ``reconcile_seconds`` until ``stop()``."""
+
+    def __init__(self, db: Database, settings: Settings):
+        super().__init__(name="agentledger-reconciler", daemon=True)
+        self.db = db
+        self.interval = settings.reconcile_seconds
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                reconcile_once(self.db)
+            except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
+                log.exception("reconcile pass failed; retrying next period")
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def run_reconciler(settings: Settings, *, once: bool) -> int:
+    """``agentledger reconcile [--once]``."""
+    import signal
+
+    from agentledger.migrate import upgrade
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    try:
+        if once:
+            result = reconcile_once(db)
+            print(f"interrupted {result.lease_expired} run(s) with expired leases, "
+                  f"{result.parent_terminal} orphaned child run(s)")
+            return 0
+        thread = ReconcilerThread(db, settings)
+        signal.signal(signal.SIGTERM, lambda *_: thread.stop())
+        print(f"reconciling every {settings.reconcile_seconds:g}s; Ctrl-C to stop", flush=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.5)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        db.dispose()

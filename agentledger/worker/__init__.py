@@ -1,0 +1,1 @@
+"""Executing runs: the executor (claims, leases, cancels, delegation) and its process."""

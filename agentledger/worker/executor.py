@@ -1,0 +1,330 @@
+"""The executor: claims queued runs and runs their agent kinds, in threads.
+
+- Concurrency is a number of *slots*. A parent waiting for its delegated children gives its slot
+  back while it waits (and gets priority to take one again), so children can run even with
+  ``--concurrency 1``.
+- A monitor thread renews every held lease each ``heartbeat_seconds`` and checks, every quarter
+  second, whether a run is being cancelled (the agent then stops within a second and the
+  executor appends exactly one ``run.cancelled``) or was ended by someone else (the run is
+  dropped; nothing more is written for it).
+- Every write goes through ``ingest`` with this executor's instance id, so a write after the
+  lease was lost is refused by the database transaction, never half-applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from agentledger.agent_kinds import AgentFailed, RunCancelled, RunContext, kind_for
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.errors import CancelRequested, LedgerError, LeaseLost, RunTerminal
+from agentledger.notifier import EventNotifier
+from agentledger.schema import TERMINAL, AgentRun
+from ingest.events import append_events
+from ingest.leases import ClaimedRun, claim_runs, heartbeat
+from ingest.reconcile import interrupt_executor_runs
+from ingest.runs import create_child_run
+
+log = logging.getLogger("agentledger.executor")
+
+MONITOR_PERIOD = 0.25
+
+
+class _Dropped(Exception):
+    """The run is no longer ours (lease lost, ended elsewhere, or this executor is stopping)."""
+
+
+@dataclass
+class _Active:
+    run_id: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+    dropped: threading.Event = field(default_factory=threading.Event)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    holds_slot: bool = True
+
+
+class Executor:
+    def __init__(self, db: Database, settings: Settings, *, instance_id: str, concurrency: int = 4,
+                 notifier: EventNotifier | None = None):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.db = db
+        self.settings = settings
+        self.instance_id = instance_id
+        self.concurrency = concurrency
+        self.notifier = notifier or EventNotifier(db.url, is_postgres=db.is_postgres)
+        self._slots = threading.Condition()
+        self._busy = 0
+        self._resuming = 0
+        self._active: dict[str, _Active] = {}
+        self._active_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.started_runs = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Interrupt what a previous incarnation of this instance left, then start working."""
+        with self.db.write() as s:
+            leftovers = interrupt_executor_runs(s, self.instance_id, reason="service_restart")
+        if leftovers:
+            log.warning("%s: interrupted %d run(s) left by a previous start (service_restart)",
+                        self.instance_id, len(leftovers))
+        for target, name in ((self._claim_loop, "claim"), (self._monitor_loop, "monitor")):
+            thread = threading.Thread(target=target, name=f"agentledger-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return leftovers
+
+    def stop(self, *, reason: str = "executor_shutdown", timeout: float = 5.0) -> list[str]:
+        """Stop claiming, end this instance's unfinished runs ``interrupted``, and return them."""
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        with self._active_lock:
+            for active in self._active.values():
+                active.dropped.set()
+        with self.db.write() as s:
+            ended = interrupt_executor_runs(s, self.instance_id, reason=reason)
+        if ended:
+            log.warning("%s: stopping; interrupted %d run(s) (%s)", self.instance_id, len(ended), reason)
+        return ended
+
+    @property
+    def active_run_ids(self) -> list[str]:
+        with self._active_lock:
+            return list(self._active)
+
+    # ---- slots ---------------------------------------------------------------------------
+
+    def _reserve(self, wanted: int) -> int:
+        with self._slots:
+            free = max(0, self.concurrency - self._busy - self._resuming)
+            n = min(wanted, free)
+            self._busy += n
+            return n
+
+    def _release(self, n: int = 1) -> None:
+        with self._slots:
+            self._busy -= n
+            self._slots.notify_all()
+
+    def _reacquire(self, active: _Active) -> None:
+        with self._slots:
+            self._resuming += 1
+            try:
+                while self._busy >= self.concurrency:
+                    if self._stopping.is_set() or active.dropped.is_set():
+                        raise _Dropped()
+                    self._slots.wait(MONITOR_PERIOD)
+                self._busy += 1
+            finally:
+                self._resuming -= 1
+
+    # ---- claiming ------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            reserved = self._reserve(self.concurrency)
+            if reserved == 0:
+                with self._slots:
+                    self._slots.wait(MONITOR_PERIOD)
+                continue
+            seen = self.notifier.queue_generation()
+            try:
+                with self.db.write() as s:
+                    claimed = claim_runs(s, self.instance_id, max_runs=reserved,
+                                         lease_seconds=self.settings.lease_seconds)
+            except Exception:  # noqa: BLE001 - keep claiming after a database hiccup
+                log.exception("claim failed; retrying")
+                claimed = []
+                self._stopping.wait(1.0)
+            if reserved > len(claimed):
+                self._release(reserved - len(claimed))
+            for run in claimed:
+                self._launch(run)
+            if not claimed:
+                self.notifier.wait_for_queue(seen, 1.0)
+
+    def _launch(self, run: ClaimedRun) -> None:
+        active = _Active(run.run_id)
+        with self._active_lock:
+            self._active[run.run_id] = active
+        self.started_runs += 1
+        thread = threading.Thread(target=self._execute, args=(run, active),
+                                  name=f"run-{run.run_id[-8:]}", daemon=True)
+        thread.start()
+
+    # ---- running one run -----------------------------------------------------------------
+
+    def _execute(self, run: ClaimedRun, active: _Active) -> None:
+        try:
+            ctx = RunContext(run_id=run.run_id, input=run.input,
+                             agent_execution_snapshot=run.agent_execution_snapshot,
+                             context_pack_snapshot=run.context_pack_snapshot,
+                             context=run.context, port=self)
+            kind_name = run.agent_execution_snapshot.get("kind")
+            kind = kind_for(kind_name)
+            try:
+                if kind is None:
+                    raise AgentFailed(f"no agent kind {kind_name!r} on executor {self.instance_id}",
+                                      code="unknown_agent_kind")
+                answer = kind(ctx)
+                self._end(active, "run.completed", {} if answer is None else {"content": answer})
+            except RunCancelled:
+                self._end(active, "run.cancelled", {"external_stop_confirmed": True})
+            except AgentFailed as exc:
+                self._end(active, "run.failed", {"error": {"code": exc.code, "message": exc.message}})
+            except _Dropped:
+                raise
+            except LedgerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an agent's bug fails its run, not the worker
+                log.exception("agent of run %s raised", run.run_id)
+                self._end(active, "run.failed",
+                          {"error": {"code": "agent_exception", "message": f"{type(exc).__name__}: {exc}"}})
+        except (_Dropped, LeaseLost, RunTerminal) as exc:
+            log.warning("dropping run %s: %s", run.run_id, getattr(exc, "message", "no longer ours"))
+        except LedgerError as exc:
+            log.error("run %s: write refused: %s", run.run_id, exc.message)
+        except Exception:  # noqa: BLE001
+            log.exception("run %s: executor error", run.run_id)
+        finally:
+            with self._active_lock:
+                self._active.pop(run.run_id, None)
+            if active.holds_slot:
+                self._release()
+
+    def _end(self, active: _Active, event_type: str, data: dict) -> None:
+        self._check(active, allow_cancel=True)
+        try:
+            self._append(active, [(event_type, data)])
+        except CancelRequested:
+            # Cancelled while finishing: the cancel wins; confirm it instead of completing.
+            self._append(active, [("run.cancelled", {"external_stop_confirmed": True})])
+
+    def _append(self, active: _Active, events: list[tuple[str, dict]]):
+        with self.db.write() as s:
+            result = append_events(s, active.run_id, events, executor_instance_id=self.instance_id)
+        if result.cancel_requested:
+            active.cancel.set()
+        return result
+
+    def _check(self, active: _Active, *, allow_cancel: bool = False) -> None:
+        if active.dropped.is_set() or self._stopping.is_set():
+            raise _Dropped()
+        if active.cancel.is_set() and not allow_cancel:
+            raise RunCancelled()
+
+    # ---- the ExecutionPort used by agent kinds -------------------------------------------
+
+    def _active_for(self, run_id: str) -> _Active:
+        with self._active_lock:
+            found = self._active.get(run_id)
+        if found is None:
+            raise _Dropped()
+        return found
+
+    def emit(self, run_id: str, event_type: str, data: dict) -> None:
+        active = self._active_for(run_id)
+        self._check(active)
+        self._append(active, [(event_type, data)])
+        self._check(active)
+
+    def sleep(self, run_id: str, seconds: float) -> None:
+        active = self._active_for(run_id)
+        deadline = time.monotonic() + seconds
+        while True:
+            self._check(active)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            active.cancel.wait(min(remaining, MONITOR_PERIOD))
+
+    def delegate(self, run_id: str, children: list[dict[str, str]]) -> list[dict]:
+        active = self._active_for(run_id)
+        self._check(active)
+        child_ids = []
+        with self.db.write() as s:
+            for child in children:
+                child_ids.append(create_child_run(s, run_id, agent_id=child["agent_id"],
+                                                  input=child.get("input", ""),
+                                                  executor_instance_id=self.instance_id))
+        active.holds_slot = False
+        self._release()
+        results = self._wait_for_children(active, child_ids)
+        self._reacquire(active)
+        active.holds_slot = True
+        self._check(active)
+        return results
+
+    def _wait_for_children(self, active: _Active, child_ids: list[str]) -> list[dict]:
+        key = active.run_id
+        self.notifier.subscribe(key)
+        try:
+            while True:
+                self._check(active)
+                seen = self.notifier.generation(key)
+                with self.db.read() as s:
+                    rows = s.execute(
+                        select(AgentRun.id, AgentRun.status, AgentRun.final_message_id)
+                        .where(AgentRun.id.in_(child_ids))
+                    ).all()
+                if all(r.status in TERMINAL for r in rows):
+                    by_id = {r.id: r for r in rows}
+                    return [{"run_id": c, "status": by_id[c].status,
+                             "final_message_id": by_id[c].final_message_id} for c in child_ids]
+                self.notifier.wait(key, seen, MONITOR_PERIOD)
+        finally:
+            self.notifier.unsubscribe(key)
+
+    # ---- leases and cancel detection -----------------------------------------------------
+
+    def _monitor_loop(self) -> None:
+        while not self._stopping.wait(MONITOR_PERIOD):
+            with self._active_lock:
+                actives = list(self._active.values())
+            if not actives:
+                continue
+            try:
+                self._poll_statuses(actives)
+                self._heartbeat_due(actives)
+            except Exception:  # noqa: BLE001 - the next period tries again
+                log.exception("lease monitor pass failed")
+
+    def _poll_statuses(self, actives: list[_Active]) -> None:
+        with self.db.read() as s:
+            rows = s.execute(
+                select(AgentRun.id, AgentRun.status, AgentRun.executor_instance_id)
+                .where(AgentRun.id.in_([a.run_id for a in actives]))
+            ).all()
+        status = {r.id: r for r in rows}
+        for active in actives:
+            row = status.get(active.run_id)
+            if row is None or row.status in TERMINAL or row.executor_instance_id != self.instance_id:
+                active.dropped.set()
+            elif row.status == "cancelling":
+                active.cancel.set()
+
+    def _heartbeat_due(self, actives: list[_Active]) -> None:
+        now = time.monotonic()
+        for active in actives:
+            if active.dropped.is_set() or now - active.last_heartbeat < self.settings.heartbeat_seconds:
+                continue
+            try:
+                with self.db.write() as s:
+                    beat = heartbeat(s, active.run_id, self.instance_id,
+                                     lease_seconds=self.settings.lease_seconds)
+                active.last_heartbeat = now
+                if beat.cancel_requested:
+                    active.cancel.set()
+            except LeaseLost:
+                log.warning("run %s: lease lost; dropping it", active.run_id)
+                active.dropped.set()
