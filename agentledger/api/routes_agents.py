@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import jsonify
 
+from agentledger.agent_kinds import validate_definition
 from agentledger.api import api
 from agentledger.api.context import state
 from agentledger.api.schemas import AgentBody, AgentList, AgentOut, AgentVersionBody, ListQuery
@@ -15,6 +16,10 @@ ADMIN = ("admin",)
 
 
 def _definition(body: AgentBody) -> AgentDefinition:
+    try:
+        validate_definition(body.kind, body.params)
+    except ValueError as exc:
+        raise ValidationFailed(str(exc)) from exc
     return AgentDefinition(name=body.name, kind=body.kind, model=body.model,
                            instructions=body.instructions, tools=body.tools, params=body.params)
 
