@@ -36,6 +36,7 @@ def create_app(
     app.json.sort_keys = False
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres,
                              poll_seconds=settings.sse_poll_seconds)
+    db.add_notification_listener(notifier.signal)
     app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier)
 
     from agentledger.api import blueprint

@@ -32,6 +32,8 @@ class Settings:
     heartbeat_seconds  AGENTLEDGER_HEARTBEAT_SECONDS   10
     reconcile_seconds  AGENTLEDGER_RECONCILE_SECONDS   5
     secret_key         AGENTLEDGER_SECRET_KEY          generated, stored beside the database
+    sse_keepalive_seconds  AGENTLEDGER_SSE_KEEPALIVE_SECONDS  15 (idle SSE streams get a
+                       ``: keep-alive`` comment at least this often)
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -52,6 +54,7 @@ class Settings:
             heartbeat_seconds=_float_env("AGENTLEDGER_HEARTBEAT_SECONDS", 10.0),
             reconcile_seconds=_float_env("AGENTLEDGER_RECONCILE_SECONDS", 5.0),
             secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
+            sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
         )
         return replace(settings, **overrides)
 

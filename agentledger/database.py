@@ -8,7 +8,7 @@ SQLite, ``default_transaction_read_only`` on PostgreSQL). Entry points own the t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import create_engine, event
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from agentledger.config import sqlite_path
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
+PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
 
 
 def normalize_url(url: str) -> str:
@@ -84,6 +85,7 @@ class Database:
         factory = _sqlite_engine if self.dialect == "sqlite" else _postgres_engine
         self.engine = factory(self.url, read_only=False)
         self.read_engine = factory(normalize_url(read_url or self.url), read_only=True)
+        self._listeners: list[Callable[[str, str], None]] = []
 
     @property
     def is_postgres(self) -> bool:
@@ -91,10 +93,22 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A write transaction: commits when the block ends, rolls back if it raises."""
+        """A write transaction: commits when the block ends, rolls back if it raises.
+
+        After a successful commit, the notifications the transaction queued (``dialect.notify``)
+        are handed to this process's listeners too, so waiters in the same process wake at once
+        on either database (other processes hear them through PostgreSQL's NOTIFY).
+        """
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session:
             with session.begin():
                 yield session
+            pending = session.info.pop(PENDING_NOTIFICATIONS, ())
+        for channel, payload in pending:
+            for listener in self._listeners:
+                listener(channel, payload)
+
+    def add_notification_listener(self, listener: Callable[[str, str], None]) -> None:
+        self._listeners.append(listener)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

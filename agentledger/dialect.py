@@ -11,6 +11,8 @@ from sqlalchemy import Select, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from agentledger.database import PENDING_NOTIFICATIONS
+
 EVENTS_CHANNEL = "agentledger_events"
 QUEUE_CHANNEL = "agentledger_queue"
 
@@ -53,6 +55,11 @@ def for_update(stmt: Select, session: Session, *, skip_locked: bool = False) -> 
 
 
 def notify(session: Session, channel: str, payload: str) -> None:
-    """Tell listeners in other processes, delivered when (and only if) the transaction commits."""
+    """Tell listeners, delivered when (and only if) the transaction commits.
+
+    Other processes hear it through PostgreSQL's NOTIFY; this process's own listeners get it
+    from ``Database.write`` after the commit (on SQLite that is the only fast path).
+    """
+    session.info.setdefault(PENDING_NOTIFICATIONS, []).append((channel, payload))
     if name(session) == "postgresql":
         session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})

@@ -58,7 +58,10 @@ class Executor:
         self.settings = settings
         self.instance_id = instance_id
         self.concurrency = concurrency
-        self.notifier = notifier or EventNotifier(db.url, is_postgres=db.is_postgres)
+        if notifier is None:
+            notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
+            db.add_notification_listener(notifier.signal)
+        self.notifier = notifier
         self._slots = threading.Condition()
         self._busy = 0
         self._resuming = 0

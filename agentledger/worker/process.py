@@ -27,6 +27,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
     upgrade(settings.database_url)
     db = Database(settings.database_url)
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
+    db.add_notification_listener(notifier.signal)
     executor = Executor(db, settings, instance_id=instance_id or default_instance_id(),
                         concurrency=concurrency, notifier=notifier)
     reconciler = ReconcilerThread(db, settings)
