@@ -15,7 +15,7 @@ from sqlalchemy import and_, exists, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger import dialect
-from agentledger.errors import IllegalTransition, LeaseLost, ValidationFailed
+from agentledger.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.schema import ACTIVE, AgentRun, ContextBlob
 from ingest.events import append_events, lease_deadline
 
@@ -182,5 +182,7 @@ def heartbeat(
         .returning(AgentRun.status)
     ).first()
     if row is None:
+        if session.execute(select(AgentRun.id).where(AgentRun.id == run_id)).first() is None:
+            raise NotFound(f"run {run_id} does not exist")
         raise LeaseLost(f"executor {executor_instance_id} does not hold the lease of run {run_id}")
     return Heartbeat(lease_expires_at=expires, cancel_requested=row.status == "cancelling")

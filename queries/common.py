@@ -46,7 +46,10 @@ def decode_cursor(cursor: str, size: int) -> list[Any]:
         values = json.loads(base64.urlsafe_b64decode(padded.encode()).decode())
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadCursor("cursor is not valid") from exc
-    if not isinstance(values, list) or len(values) != size:
+    # Every cursor this server makes is a list of strings (ids and ISO times); anything else
+    # (numbers, null, nested objects) must be refused here, not reach the SQL as a parameter.
+    if (not isinstance(values, list) or len(values) != size
+            or not all(isinstance(v, str) for v in values)):
         raise BadCursor("cursor is not valid")
     return values
 
@@ -112,3 +115,30 @@ def after_cursor(time_column, id_column, moment: datetime, last_id: str, *, desc
     key = tuple_(time_column, id_column)
     bound = tuple_(literal(moment, type_=time_column.type), literal(last_id, type_=id_column.type))
     return key < bound if descending else key > bound
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """A half-open UTC interval ``[start, end)``; either side may be open (None)."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        for moment in (self.start, self.end):
+            if moment is not None and moment.tzinfo is None:
+                raise ValueError("TimeWindow needs timezone-aware datetimes")
+
+    def conditions(self, column) -> list:
+        """SQL conditions that keep ``column`` inside the window (range on its index)."""
+        found = []
+        if self.start is not None:
+            found.append(column >= self.start)
+        if self.end is not None:
+            found.append(column < self.end)
+        return found
+
+
+def clamp_limit(limit: int, maximum: int = MAX_LIMIT) -> int:
+    """Every read is bounded: at least 1 row, at most ``maximum``."""
+    return max(1, min(int(limit), maximum))

@@ -104,3 +104,29 @@ def pg_db(pg_url):
     database = Database(pg_url)
     yield database
     database.dispose()
+
+
+# ---- HTTP API tests (tests/test_api_*.py) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_db_url(request, tmp_path_factory) -> str:
+    """A migrated, empty database of each kind shared by one test module (server-process tests
+    start one server per module and database; tests keep apart with their own sessions/keys)."""
+    if request.param == "sqlite":
+        target = tmp_path_factory.mktemp("module-db") / "agentledger.db"
+        shutil.copy(request.getfixturevalue("sqlite_template"), target)
+        return f"sqlite:///{target}"
+    url = request.getfixturevalue("pg_database_url")
+    _truncate(url)
+    return url
+
+
+@pytest.fixture
+def api(db, db_url):
+    """The Flask app (no dashboards) on ``db``, with standard tokens and an ``echo`` agent."""
+    from api_helpers import FlaskApi
+
+    app = FlaskApi(db, db_url)
+    yield app
+    app.close()

@@ -13,9 +13,9 @@ from agentledger.api.context import state
 from agentledger.api.schemas import (
     AppendEventsBody,
     AppendEventsOut,
+    ChildOut,
     ClaimBody,
     ClaimOut,
-    ChildOut,
     CreateChildBody,
     HeartbeatBody,
     HeartbeatOut,

@@ -1,0 +1,318 @@
+"""Executor routes (CONTRACT §5): claim, heartbeat, events, children — and every refusal, each
+of which must leave the ledger exactly as it was (row counts and the run's head)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import pytest
+from api_helpers import (
+    append,
+    assert_error,
+    assert_iso_utc,
+    claim_run,
+    ledger_state,
+    open_session,
+    post_message,
+    unique,
+)
+
+
+@pytest.fixture
+def chat(api):
+    return open_session(api, api.alice, title="exec")["id"]
+
+
+@pytest.fixture
+def running(api, chat):
+    """A run claimed by ``instance``: (run_id, instance)."""
+    run = post_message(api, api.alice, chat, "work")["run_id"]
+    instance = unique("exec")
+    claim_run(api, api.executor, run, instance)
+    return run, instance
+
+
+def _events(api, run):
+    return api.get(f"/api/agent-runs/{run}/events", api.admin, query={"limit": 500}).json()["events"]
+
+
+# ---- success paths -----------------------------------------------------------------------------
+
+
+def test_claim_leases_queued_runs_with_their_snapshots(api, chat):
+    posted = post_message(api, api.alice, chat, "the input")
+    empty_first = api.post("/api/executor/claim", api.executor,
+                           json={"executor_instance_id": "other", "max_runs": 1, "lease_seconds": 60})
+    claimed = empty_first.json()["runs"]
+    assert empty_first.status == 200 and len(claimed) == 1
+    entry = claimed[0]
+    assert {"run_id", "thread_id", "input", "agent_execution_snapshot", "context_pack_snapshot",
+            "lease_expires_at"} <= set(entry)
+    assert entry["run_id"] == posted["run_id"] and entry["input"] == "the input"
+    assert entry["thread_id"].startswith("thr_")
+    assert entry["agent_execution_snapshot"]["agent_id"] == "echo"
+    assert_iso_utc(entry["lease_expires_at"])
+
+    run = api.get(f"/api/agent-runs/{posted['run_id']}", api.alice).json()
+    assert run["status"] == "running" and run["executor_instance_id"] == "other"
+    assert run["lease_expires_at"] == entry["lease_expires_at"]
+    lease = datetime.fromisoformat(run["lease_expires_at"]) - datetime.fromisoformat(run["started_at"])
+    assert 59 <= lease.total_seconds() <= 61
+    started = _events(api, posted["run_id"])[-1]
+    assert started["type"] == "run.started" and started["data"]["executor_instance_id"] == "other"
+
+    nothing = api.post("/api/executor/claim", api.executor, json={"executor_instance_id": "other"})
+    assert nothing.status == 200 and nothing.json() == {"runs": []}
+
+
+def test_claim_is_first_in_first_out_per_thread_and_honours_max_runs(api, chat):
+    other_chat = open_session(api, api.alice)["id"]
+    first = post_message(api, api.alice, chat, "1")["run_id"]
+    second = post_message(api, api.alice, chat, "2")["run_id"]
+    elsewhere = post_message(api, api.alice, other_chat, "3")["run_id"]
+    one = api.post("/api/executor/claim", api.executor,
+                   json={"executor_instance_id": "e1", "max_runs": 1}).json()["runs"]
+    assert [r["run_id"] for r in one] == [first]
+    rest = api.post("/api/executor/claim", api.executor,
+                    json={"executor_instance_id": "e1", "max_runs": 10}).json()["runs"]
+    assert [r["run_id"] for r in rest] == [elsewhere]  # `second` waits behind `first`
+    assert append(api, api.executor, first, "e1", [("run.completed", {})]).status == 200
+    after = api.post("/api/executor/claim", api.executor,
+                     json={"executor_instance_id": "e1", "max_runs": 10}).json()["runs"]
+    assert [r["run_id"] for r in after] == [second]
+
+
+def test_heartbeat_extends_the_lease(api, running):
+    run, instance = running
+    before = api.get(f"/api/agent-runs/{run}", api.admin).json()["lease_expires_at"]
+    time.sleep(0.01)
+    reply = api.post(f"/api/executor/runs/{run}/heartbeat", api.executor,
+                     json={"executor_instance_id": instance})
+    assert reply.status == 200
+    body = reply.json()
+    assert set(body) == {"lease_expires_at", "cancel_requested"} and body["cancel_requested"] is False
+    assert datetime.fromisoformat(body["lease_expires_at"]) > datetime.fromisoformat(before)
+    assert api.get(f"/api/agent-runs/{run}", api.admin).json()["lease_expires_at"] == body["lease_expires_at"]
+    assert len(_events(api, run)) == 2  # a heartbeat writes no event
+
+
+def test_events_append_in_order_and_complete_with_the_answer(api, running):
+    run, instance = running
+    reply = append(api, api.executor, run, instance, [
+        ("message.delta", {"text": "Hel"}),
+        ("tool.call", {"name": "search", "input": {"q": "x"}}),
+        ("tool.result", {"name": "search", "output": {"hits": 2}}),
+        ("usage", {"input_tokens": 10, "output_tokens": 4, "cost_usd": 0.0012}),
+        ("message.delta", {"text": "lo"}),
+    ])
+    assert reply.status == 200 and reply.json() == {"seqs": [3, 4, 5, 6, 7], "cancel_requested": False}
+    done = append(api, api.executor, run, instance, [("run.completed", {})])
+    assert done.json()["seqs"] == [8]
+    detail = api.get(f"/api/agent-runs/{run}", api.alice).json()
+    assert detail["status"] == "succeeded" and detail["last_event_seq"] == 8
+    completed = _events(api, run)[-1]
+    assert completed["type"] == "run.completed"
+    assert completed["data"]["final_message_id"] == detail["final_message_id"]
+    prov = api.get(f"/api/messages/{detail['final_message_id']}/provenance", api.alice).json()
+    assert prov["message"]["content"] == "Hello"
+    assert [e["seq"] for e in _events(api, run)] == list(range(1, 9))
+
+
+def test_completed_with_explicit_content_and_failed_and_interrupted(api, chat):
+    runs = [post_message(api, api.alice, open_session(api, api.alice)["id"], f"m{i}")["run_id"]
+            for i in range(3)]
+    inst = unique("exec")
+    claimed = api.post("/api/executor/claim", api.executor,
+                       json={"executor_instance_id": inst, "max_runs": 3}).json()["runs"]
+    assert [c["run_id"] for c in claimed] == runs
+    assert append(api, api.executor, runs[0], inst,
+                  [("message.delta", {"text": "draft"}), ("run.completed", {"content": "final"})]).status == 200
+    final = api.get(f"/api/agent-runs/{runs[0]}", api.alice).json()["final_message_id"]
+    assert api.get(f"/api/messages/{final}/provenance", api.alice).json()["message"]["content"] == "final"
+
+    error = {"code": "agent_error", "message": "model unavailable"}
+    assert append(api, api.executor, runs[1], inst, [("run.failed", {"error": error})]).status == 200
+    failed = api.get(f"/api/agent-runs/{runs[1]}", api.alice).json()
+    assert failed["status"] == "failed" and failed["error"] == error and failed["final_message_id"] is None
+
+    assert append(api, api.executor, runs[2], inst,
+                  [("run.interrupted", {"reason": "executor_shutdown"})]).status == 200
+    assert api.get(f"/api/agent-runs/{runs[2]}", api.alice).json()["status"] == "interrupted"
+
+
+def test_admins_may_use_the_executor_routes(api, chat):
+    run = post_message(api, api.alice, chat)["run_id"]
+    claim_run(api, api.admin, run, "admin-exec")
+    assert append(api, api.admin, run, "admin-exec", [("run.completed", {"content": "ok"})]).status == 200
+
+
+def test_children_are_created_for_the_lease_holder(api, running):
+    run, instance = running
+    reply = api.post(f"/api/executor/runs/{run}/children", api.executor,
+                     json={"executor_instance_id": instance, "agent_id": "echo", "input": "sub"})
+    assert reply.status == 201
+    child = reply.json()["run_id"]
+    detail = api.get(f"/api/agent-runs/{child}", api.alice).json()
+    assert detail["parent_run_id"] == run and detail["root_run_id"] == run
+    assert detail["session_id"] is None and detail["status"] == "queued"
+    created = _events(api, run)[-1]
+    assert created["type"] == "run.child_created"
+    assert created["data"]["child_run_id"] == child and created["data"]["agent_id"] == "echo"
+
+
+# ---- refusals: 409 and 422, each writing nothing -----------------------------------------------
+
+
+def _refused(api, run, reply, status, codes):
+    assert reply.status == status, reply
+    code = assert_error(reply, status, reply.json()["error"]["code"])["code"]
+    assert code in codes, reply
+    return code
+
+
+@pytest.mark.parametrize("case", [
+    "events_by_another_instance", "heartbeat_by_another_instance", "children_by_another_instance",
+    "events_on_a_queued_run", "heartbeat_on_a_queued_run",
+])
+def test_lease_lost(api, chat, running, case):
+    run, instance = running
+    queued = post_message(api, api.alice, open_session(api, api.alice)["id"])["run_id"]
+    target = queued if "queued" in case else run
+    before = ledger_state(api.db, target)
+    if case.startswith("events"):
+        reply = append(api, api.executor, target, "intruder", [("message.delta", {"text": "x"})])
+    elif case.startswith("heartbeat"):
+        reply = api.post(f"/api/executor/runs/{target}/heartbeat", api.executor,
+                         json={"executor_instance_id": "intruder"})
+    else:
+        reply = api.post(f"/api/executor/runs/{target}/children", api.executor,
+                         json={"executor_instance_id": "intruder", "agent_id": "echo", "input": "x"})
+    assert_error(reply, 409, "lease_lost")
+    assert ledger_state(api.db, target) == before
+
+
+def test_lease_lost_after_the_run_ended(api, running):
+    run, instance = running
+    assert append(api, api.executor, run, instance, [("run.completed", {"content": "done"})]).status == 200
+    before = ledger_state(api.db, run)
+    assert_error(api.post(f"/api/executor/runs/{run}/heartbeat", api.executor,
+                          json={"executor_instance_id": instance}), 409, "lease_lost")
+    assert_error(append(api, api.executor, run, instance, [("message.delta", {"text": "late"})]),
+                 409, "lease_lost")
+    assert_error(append(api, api.executor, run, instance, [("run.failed", {"error": {
+        "code": "x", "message": "y"}})]), 409, "lease_lost")
+    assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
+                          json={"executor_instance_id": instance, "agent_id": "echo", "input": "x"}),
+                 409, "lease_lost")
+    assert ledger_state(api.db, run) == before
+
+
+def test_lease_lost_after_the_lease_expired(api, chat):
+    run = post_message(api, api.alice, chat)["run_id"]
+    claim_run(api, api.executor, run, "slow", lease_seconds=1)
+    time.sleep(1.1)
+    before = ledger_state(api.db, run)
+    assert_error(append(api, api.executor, run, "slow", [("message.delta", {"text": "x"})]),
+                 409, "lease_lost")
+    assert_error(api.post(f"/api/executor/runs/{run}/heartbeat", api.executor,
+                          json={"executor_instance_id": "slow"}), 409, "lease_lost")
+    assert ledger_state(api.db, run) == before
+
+
+@pytest.mark.parametrize("batch", [
+    [("run.started", {"executor_instance_id": "x"})],
+    [("run.queued", {})],
+    [("run.cancelling", {"requested_by": "x"})],
+    [("run.child_created", {"child_run_id": "run_x", "agent_id": "echo"})],
+    [("run.child_finished", {"child_run_id": "run_x", "status": "succeeded"})],
+    [("run.cancelled", {"external_stop_confirmed": True})],  # only while cancelling
+    [("message.delta", {"text": "ok"}), ("run.started", {"executor_instance_id": "x"})],
+    [("message.delta", {"text": "ok"}), ("run.cancelled", {"external_stop_confirmed": True})],
+], ids=lambda b: "+".join(t for t, _ in b))
+def test_illegal_transitions_are_409_and_write_none_of_the_batch(api, running, batch):
+    run, instance = running
+    before = ledger_state(api.db, run)
+    assert_error(append(api, api.executor, run, instance, batch), 409, "illegal_transition")
+    assert ledger_state(api.db, run) == before
+    assert api.get(f"/api/agent-runs/{run}", api.alice).json()["status"] == "running"
+
+
+@pytest.mark.parametrize("batch", [
+    [("run.completed", {}), ("message.delta", {"text": "after the end"})],
+    [("run.completed", {}), ("run.failed", {"error": {"code": "x", "message": "y"}})],
+    [("run.failed", {"error": {"code": "x", "message": "y"}}), ("run.completed", {})],
+], ids=lambda b: "+".join(t for t, _ in b))
+def test_nothing_may_follow_the_terminal_event_in_a_batch(api, running, batch):
+    run, instance = running
+    before = ledger_state(api.db, run)
+    reply = append(api, api.executor, run, instance, batch)
+    _refused(api, run, reply, 409, {"illegal_transition", "run_terminal"})
+    assert ledger_state(api.db, run) == before
+
+
+@pytest.mark.parametrize("batch", [
+    [("run.completed", {})],
+    [("run.failed", {"error": {"code": "x", "message": "y"}})],
+    [("message.delta", {"text": "last words"}), ("run.completed", {})],
+], ids=lambda b: "+".join(t for t, _ in b))
+def test_ending_a_cancelling_run_other_than_cancelled_is_409_cancel_requested(api, running, batch):
+    run, instance = running
+    assert api.post(f"/api/agent-runs/{run}/cancel", api.alice).json()["status"] == "cancelling"
+    before = ledger_state(api.db, run)
+    assert_error(append(api, api.executor, run, instance, batch), 409, "cancel_requested")
+    assert ledger_state(api.db, run) == before
+    # progress is still accepted while cancelling, and run.cancelled ends it exactly once
+    progress = append(api, api.executor, run, instance, [("message.delta", {"text": "stopping"})])
+    assert progress.status == 200 and progress.json()["cancel_requested"] is True
+    assert append(api, api.executor, run, instance,
+                  [("run.cancelled", {"external_stop_confirmed": True})]).status == 200
+    types = [e["type"] for e in _events(api, run)]
+    assert types.count("run.cancelled") == 1 and types[-1] == "run.cancelled"
+    assert "run.completed" not in types and "run.failed" not in types
+
+
+@pytest.mark.parametrize("body", [
+    {"executor_instance_id": "E", "events": []},
+    {"executor_instance_id": "E", "events": [{"type": "run.bogus", "data": {}}]},
+    {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {}}]},
+    {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {"text": 5}}]},
+    {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": "text"}]},
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": -1, "output_tokens": 0, "cost_usd": 0}}]},
+    {"executor_instance_id": "E", "events": [{"type": "tool.call", "data": {"input": {}}}]},
+    {"executor_instance_id": "E", "events": [{"type": "run.failed", "data": {"error": "boom"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "run.interrupted", "data": {"reason": "bored"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {"text": "ok"}},
+                                             {"type": "message.delta", "data": {"text": "a\x00b"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {"text": "x"},
+                                              "seq": 99}]},
+    {"executor_instance_id": "E", "status": "succeeded",
+     "events": [{"type": "message.delta", "data": {"text": "x"}}]},
+    {"events": [{"type": "message.delta", "data": {"text": "x"}}]},
+], ids=range(13))
+def test_invalid_event_batches_are_422_and_write_nothing(api, running, body):
+    run, instance = running
+    body = {**body, **({"executor_instance_id": instance} if "executor_instance_id" in body else {})}
+    before = ledger_state(api.db, run)
+    reply = api.post(f"/api/executor/runs/{run}/events", api.executor, json=body)
+    assert_error(reply, 422, "validation_error")
+    assert ledger_state(api.db, run) == before
+
+
+def test_children_refusals(api, chat, running):
+    run, instance = running
+    before = ledger_state(api.db, run)
+    assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
+                          json={"executor_instance_id": instance, "agent_id": "ghost", "input": "x"}),
+                 422, "unknown_agent")
+    assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
+                          json={"executor_instance_id": instance, "agent_id": "echo", "input": ""}),
+                 422, "validation_error")
+    assert ledger_state(api.db, run) == before
+    assert api.post(f"/api/agent-runs/{run}/cancel", api.alice).status == 202
+    before = ledger_state(api.db, run)
+    reply = api.post(f"/api/executor/runs/{run}/children", api.executor,
+                     json={"executor_instance_id": instance, "agent_id": "echo", "input": "x"})
+    assert_error(reply, 409, "illegal_transition")  # a cancelling run may not delegate
+    assert ledger_state(api.db, run) == before
