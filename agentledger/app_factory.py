@@ -49,7 +49,9 @@ def create_app(
     if dashboards:
         try:
             from dashboards import mount_dashboards
-        except ImportError:  # pragma: no cover - dashboards not built yet
+        except ModuleNotFoundError as exc:  # pragma: no cover - installed without dashboards
+            if exc.name != "dashboards":
+                raise  # a broken dashboards package must fail loudly, not vanish
             logging.getLogger("agentledger").info("dashboards package not available")
         else:
             mount_dashboards(app)

@@ -23,6 +23,19 @@ def _float_env(name: str, default: float) -> float:
     return value
 
 
+def _count_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{name} must be a whole number, got {raw!r}") from exc
+    if value < 0:
+        raise SystemExit(f"{name} must not be negative, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the processes need to know, with the contract's defaults.
@@ -34,6 +47,7 @@ class Settings:
     secret_key         AGENTLEDGER_SECRET_KEY          generated, stored beside the database
     sse_keepalive_seconds  AGENTLEDGER_SSE_KEEPALIVE_SECONDS  15 (idle SSE streams get a
                        ``: keep-alive`` comment at least this often)
+    run_rate_limit     AGENTLEDGER_RUN_RATE_LIMIT      600 runs per owner per minute (0: off)
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -44,6 +58,7 @@ class Settings:
     max_body_bytes: int = 1_048_576
     sse_poll_seconds: float = 0.1
     sse_keepalive_seconds: float = 15.0
+    run_rate_limit: int = 600
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -55,6 +70,7 @@ class Settings:
             reconcile_seconds=_float_env("AGENTLEDGER_RECONCILE_SECONDS", 5.0),
             secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
+            run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
         )
         return replace(settings, **overrides)
 

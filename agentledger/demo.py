@@ -24,7 +24,11 @@ from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.history import replay_at
 from ingest.leases import claim_run, heartbeat
-from ingest.reconcile import interrupt_executor_runs, interrupt_if_lease_expired, interrupt_if_orphaned
+from ingest.reconcile import (
+    interrupt_executor_runs,
+    interrupt_if_lease_expired,
+    interrupt_if_orphaned,
+)
 from ingest.runs import ContextItem, create_child_run, post_message, request_checksum
 from ingest.sessions import create_session, update_session
 
@@ -162,6 +166,11 @@ class _Replayer:
             interrupt_executor_runs(self.s, executor, reason=outcome)
 
 
+# Each of these appears at least once in any seed with enough runs (see ``seed``).
+_SHOWCASE = ("failed", "cancelled", "lease_expired", "service_restart", "executor_shutdown",
+             "parent_terminal", "deep_tree")
+
+
 def _outcome(rng: random.Random) -> str:
     roll = rng.random()
     for limit, outcome in ((0.74, "succeeded"), (0.83, "failed"), (0.89, "cancelled"),
@@ -184,6 +193,12 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
         versions_due = _ensure_agents(db, start, days)
         moments = sorted(start + timedelta(seconds=rng.uniform(60, days * 86400 - 600))
                          for _ in range(runs))
+        # Rare cases are left to chance only when there are too few runs to show them all: any
+        # seed of 14 runs or more has every terminal status, every interruption reason and
+        # a delegation tree of depth 3.
+        forced: dict[int, str] = {}
+        if runs >= 2 * len(_SHOWCASE):
+            forced = dict(zip(rng.sample(range(runs), len(_SHOWCASE)), _SHOWCASE, strict=True))
         sessions: list[tuple[str, str]] = []
         bar = tqdm(total=runs, unit="run", desc="demo seed", disable=not progress, file=sys.stderr)
         for index, at in enumerate(moments):
@@ -207,6 +222,9 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
                 agent_override = "researcher" if rng.random() < 0.25 else None
                 if agent_override is None and rng.random() < 0.1:
                     agent_override = rng.choice(["summarizer", "echo"])
+                showcase = forced.get(index)
+                if showcase in ("deep_tree", "parent_terminal"):
+                    agent_override = "researcher"  # the agent that delegates
                 docs = rng.sample(CONTEXT_DOCS, rng.randint(0, 2))
                 body = {"content": f"Can you help with {topic}?", "n": index}
                 posted = post_message(
@@ -221,7 +239,13 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
                 depth = 0
                 if posted.agent_id == "researcher":
                     depth = rng.choice([1, 1, 2])
-                if depth and outcome == "failed" and rng.random() < 0.5:
+                if showcase == "deep_tree":
+                    outcome, depth = "succeeded", 2
+                elif showcase is not None and showcase != "parent_terminal":
+                    outcome = showcase
+                if showcase == "parent_terminal" or (
+                    showcase is None and depth and outcome == "failed" and rng.random() < 0.5
+                ):
                     _orphan_tree(replayer, posted.run_id, topic)
                 else:
                     replayer.execute(posted.run_id, outcome, depth, topic)

@@ -28,6 +28,16 @@ def insert_ignoring_conflicts(session: Session, table: Table, index_elements=Non
     return stmt.on_conflict_do_nothing(index_elements=index_elements)
 
 
+def increment_counter(session: Session, table: Table, keys: dict, column: str) -> int:
+    """Insert the row with ``column = 1`` or add 1 to it, atomically; returns the new value."""
+    module = postgresql if name(session) == "postgresql" else sqlite
+    stmt = module.insert(table).values(**keys, **{column: 1})
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(keys), set_={column: getattr(table.c, column) + 1}
+    ).returning(getattr(table.c, column))
+    return session.execute(stmt).scalar_one()
+
+
 def now(session: Session) -> datetime:
     """The database's clock, which every lease comparison uses.
 

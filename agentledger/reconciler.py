@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agentledger.config import Settings
 from agentledger.database import Database
 from agentledger.errors import LedgerError
+from ingest.rate_limits import prune_windows
 from ingest.reconcile import (
     expired_lease_run_ids,
     interrupt_if_lease_expired,
@@ -50,6 +51,8 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
                 orphaned += interrupt_if_orphaned(s, run_id)
         except LedgerError as exc:
             log.debug("run %s not interrupted: %s", run_id, exc.message)
+    with db.write() as s:
+        prune_windows(s)
     if ended or orphaned:
         log.info("reconciled: %d lease(s) expired, %d orphaned child run(s)", ended, orphaned)
     return ReconcileResult(ended, orphaned)

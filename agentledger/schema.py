@@ -137,6 +137,7 @@ class AgentRun(Base):
         Index(None, "agent_id", "created_at"),
         Index(None, "created_at"),
         Index(None, "thread_id", "created_at"),
+        Index(None, "status", "finished_at"),
         Index(
             "ix_agent_run_live_lease",
             "status",
@@ -186,6 +187,7 @@ class Message(Base):
     __table_args__ = (
         Index(None, "session_id", "created_at"),
         Index(None, "run_id"),
+        Index(None, "role", "created_at"),
         # Every assistant message is produced by exactly one run, and a run produces at most one.
         Index(
             "uq_message_assistant_run",
@@ -239,3 +241,13 @@ class ApiToken(Base):
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class RateLimitWindow(Base):
+    """Runs created per owner per minute, shared by every process through the database."""
+
+    __tablename__ = "rate_limit_window"
+
+    owner_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -18,7 +18,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from agentledger import dialect
-from agentledger.errors import LeaseLost, NotFound
+from agentledger.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.hashing import event_hash
 from agentledger.ids import new_id
 from agentledger.schema import ACTIVE, TERMINAL, AgentRun, Message, RunEvent
@@ -118,6 +118,9 @@ def append_events(
     pending: list[_Pending] = []
     for event_type, data in events:
         data = validated_data(event_type, data)
+        if status in TERMINAL and run.status not in TERMINAL:
+            # The run ends earlier in this very batch: the batch itself is malformed.
+            raise IllegalTransition(f"{event_type} cannot follow the run's terminal event")
         status = next_status(status, event_type)
         pending.append(_Pending(event_type, dict(data)))
 

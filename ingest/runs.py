@@ -28,6 +28,7 @@ from agentledger.schema import (
     RunEvent,
 )
 from ingest.events import append_events, check_lease, lock_run
+from ingest.rate_limits import take_run_slot
 from ingest.sessions import create_thread
 
 
@@ -157,6 +158,7 @@ def post_message(
     agent_id: str | None = None,
     context: list[ContextItem] | None = None,
     visible_to: str | None = None,
+    rate_limit_per_minute: int = 0,
 ) -> PostedMessage:
     """One user message = one run, created at most once per (owner, idempotency key).
 
@@ -165,6 +167,7 @@ def post_message(
     the same request returns the original result with ``replayed=True``; a different request
     under the same key raises ``IdempotencyConflict``. Concurrent duplicates are settled by the
     unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
+    New runs (not replays) count against ``rate_limit_per_minute`` per owner (0: no limit).
     """
     stmt = select(ChatSession.thread_id, ChatSession.agent_id, ChatSession.owner_id).where(
         ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
@@ -181,6 +184,7 @@ def post_message(
     earlier = _replay(session, owner_id, key_hash, checksum)
     if earlier is not None:
         return earlier
+    take_run_slot(session, owner_id, rate_limit_per_minute)
     chosen_agent = agent_id or chat.agent_id
     snapshot = agent_snapshot(session, chosen_agent)
     pack, blobs = context_pack(context or [])

@@ -247,7 +247,7 @@ def test_nothing_may_follow_the_terminal_event_in_a_batch(api, running, batch):
     run, instance = running
     before = ledger_state(api.db, run)
     reply = append(api, api.executor, run, instance, batch)
-    _refused(api, run, reply, 409, {"illegal_transition", "run_terminal"})
+    _refused(api, run, reply, 409, {"illegal_transition"})
     assert ledger_state(api.db, run) == before
 
 

@@ -103,7 +103,7 @@ def _idempotency_key() -> str:
 @api.route("/sessions/<session_id>/messages", "POST",
            summary="Send a message: creates exactly one run per Idempotency-Key",
            roles=WRITERS, body=PostMessageBody, responses={202: PostMessageOut},
-           errors=(404, 409, 422), tag="sessions",
+           errors=(404, 409, 422, 429), tag="sessions",
            headers={"Idempotency-Key": "required; 1-255 printable characters"})
 def messages_post(session_id: str, body: PostMessageBody, raw_body):
     key = _idempotency_key()
@@ -119,6 +119,7 @@ def messages_post(session_id: str, body: PostMessageBody, raw_body):
             agent_id=body.agent_id,
             context=context,
             visible_to=owner_scope(),
+            rate_limit_per_minute=state().settings.run_rate_limit,
         )
     response = jsonify(posted.response())
     response.status_code = 202

@@ -23,7 +23,15 @@ from sqlalchemy import select
 from agentledger.agent_kinds import AgentFailed, RunCancelled, RunContext, kind_for
 from agentledger.config import Settings
 from agentledger.database import Database
-from agentledger.errors import CancelRequested, LedgerError, LeaseLost, RunTerminal
+from agentledger.errors import (
+    CancelRequested,
+    IllegalTransition,
+    LeaseLost,
+    LedgerError,
+    RunTerminal,
+    UnknownAgent,
+    ValidationFailed,
+)
 from agentledger.notifier import EventNotifier
 from agentledger.schema import TERMINAL, AgentRun
 from ingest.events import append_events
@@ -187,6 +195,11 @@ class Executor:
                 self._end(active, "run.failed", {"error": {"code": exc.code, "message": exc.message}})
             except _Dropped:
                 raise
+            except (ValidationFailed, UnknownAgent) as exc:
+                # The agent asked for something the ledger refuses (an event whose data does not
+                # fit its type, a child of an unregistered agent); nothing of it was written.
+                # The run fails with the reason instead of hanging until its lease expires.
+                self._end(active, "run.failed", {"error": {"code": exc.code, "message": exc.message}})
             except LedgerError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an agent's bug fails its run, not the worker
@@ -255,11 +268,17 @@ class Executor:
         active = self._active_for(run_id)
         self._check(active)
         child_ids = []
-        with self.db.write() as s:
-            for child in children:
-                child_ids.append(create_child_run(s, run_id, agent_id=child["agent_id"],
-                                                  input=child.get("input", ""),
-                                                  executor_instance_id=self.instance_id))
+        try:
+            with self.db.write() as s:
+                for child in children:
+                    child_ids.append(create_child_run(s, run_id, agent_id=child["agent_id"],
+                                                      input=child.get("input", ""),
+                                                      executor_instance_id=self.instance_id))
+        except IllegalTransition:
+            # With our lease still valid, the only refusal is a parent that is being cancelled
+            # (the cancel came after the last check): confirm it, no child was created.
+            active.cancel.set()
+            raise RunCancelled() from None
         active.holds_slot = False
         self._release()
         results = self._wait_for_children(active, child_ids)

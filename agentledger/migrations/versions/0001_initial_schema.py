@@ -1,15 +1,15 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29
 
 Tables, indexes, and the triggers that make run_event append-only and run snapshots,
 agent versions frozen. Column types are spelled out here (not imported from the models) so the
 migration stays what it was when it shipped.
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 UTC_TIME = sa.DateTime(timezone=True)
