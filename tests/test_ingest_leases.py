@@ -1,0 +1,155 @@
+"""Claims (per-thread FIFO) and heartbeats."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from factories import claim, make_agent, make_session, post
+from ledger_checks import assert_run_invariants, events, run_row, snapshot_state
+
+from agentledger.errors import LeaseLost, ValidationFailed
+from ingest.cancel import request_cancel
+from ingest.events import append_events
+from ingest.leases import claim_runs, heartbeat
+from ingest.runs import ContextItem
+
+W = "worker-1"
+
+
+@pytest.fixture
+def agent(db):
+    return make_agent(db, "echo", name="Echo")
+
+
+def beat(db, run_id, executor=W, lease_seconds=30):
+    with db.write() as s:
+        return heartbeat(s, run_id, executor, lease_seconds=lease_seconds)
+
+
+def finish(db, run_id, executor=W):
+    with db.write() as s:
+        append_events(s, run_id, [("run.completed", {})], executor_instance_id=executor)
+
+
+def test_claim_starts_the_run_with_a_lease(db, agent):
+    chat = make_session(db)
+    posted = post(db, chat, "the input", context=[ContextItem(id="d1", title="Doc",
+                                                                 content="doc body", version=2)])
+    t0 = datetime.now(UTC)
+    [c] = claim(db, W, lease_seconds=30)
+    assert c.run_id == posted.run_id and c.input == "the input"
+    assert c.parent_run_id is None and c.root_run_id == posted.run_id
+    assert c.agent_execution_snapshot["name"] == "Echo"
+    assert c.context == [{**c.context_pack_snapshot["items"][0], "content": "doc body"}]
+    run = run_row(db, posted.run_id)
+    assert c.thread_id == run.thread_id
+    assert run.status == "running" and run.executor_instance_id == W
+    assert run.lease_expires_at == c.lease_expires_at
+    assert 20 < (run.lease_expires_at - t0).total_seconds() < 40
+    assert run.started_at is not None
+    started = events(db, posted.run_id)[-1]
+    assert (started.seq, started.type) == (2, "run.started")
+    assert started.data["executor_instance_id"] == W
+    assert datetime.fromisoformat(started.data["lease_expires_at"]) == c.lease_expires_at
+    assert claim(db, "worker-2") == []
+
+
+def test_claim_takes_oldest_first_up_to_max_runs(db, agent):
+    runs = [post(db, make_session(db), f"m{i}").run_id for i in range(5)]
+    first = claim(db, W, max_runs=2)
+    assert [c.run_id for c in first] == runs[:2]
+    rest = claim(db, "worker-2", max_runs=10)
+    assert [c.run_id for c in rest] == runs[2:]
+    assert {run_row(db, r).executor_instance_id for r in runs[2:]} == {"worker-2"}
+
+
+def test_per_thread_fifo(db, agent):
+    chat = make_session(db)
+    first = post(db, chat, "first").run_id
+    second = post(db, chat, "second").run_id
+    third = post(db, chat, "third").run_id
+    other = post(db, make_session(db), "elsewhere").run_id
+
+    assert [c.run_id for c in claim(db, W, max_runs=10)] == [first, other]
+    assert claim(db, W, max_runs=10) == []          # second waits while first is running
+    with db.write() as s:
+        request_cancel(s, first, requested_by="alice")
+    assert claim(db, W, max_runs=10) == []          # ... and while it is cancelling
+    with db.write() as s:
+        append_events(s, first, [("run.cancelled", {"external_stop_confirmed": True})],
+                      executor_instance_id=W)
+    assert [c.run_id for c in claim(db, W, max_runs=10)] == [second]
+    assert run_row(db, third).status == "queued"
+    finish(db, second)
+    assert [c.run_id for c in claim(db, W, max_runs=10)] == [third]
+    for rid in (first, second, third, other):
+        assert_run_invariants(db, rid)
+
+
+def test_a_queued_run_cancelled_before_start_lets_the_next_one_go(db, agent):
+    chat = make_session(db)
+    first = post(db, chat, "first").run_id
+    second = post(db, chat, "second").run_id
+    with db.write() as s:
+        assert request_cancel(s, first, requested_by="alice") == "cancelled"
+    assert [c.run_id for c in claim(db, W)] == [second]
+
+
+def test_claim_arguments_are_checked(db, agent):
+    post(db, make_session(db))
+    before = snapshot_state(db)
+    for kwargs in ({"lease_seconds": 0}, {"lease_seconds": 3601}, {"max_runs": 0},
+                   {"max_runs": 101}):
+        with pytest.raises(ValidationFailed), db.write() as s:
+            claim_runs(s, W, **{"max_runs": 1, "lease_seconds": 30, **kwargs})
+    assert snapshot_state(db) == before
+
+
+def test_heartbeat_extends_the_lease_and_reports_cancel(db, agent):
+    run_id = post(db, make_session(db)).run_id
+    [c] = claim(db, W, lease_seconds=5)
+    n_events = len(events(db, run_id))
+    hb = beat(db, run_id, lease_seconds=120)
+    assert hb.cancel_requested is False
+    assert (hb.lease_expires_at - c.lease_expires_at).total_seconds() > 100
+    run = run_row(db, run_id)
+    assert run.lease_expires_at == hb.lease_expires_at and run.last_heartbeat_at is not None
+    assert len(events(db, run_id)) == n_events, "a heartbeat writes no event"
+
+    with db.write() as s:
+        request_cancel(s, run_id, requested_by="alice")
+    hb = beat(db, run_id)
+    assert hb.cancel_requested is True
+
+
+def test_heartbeat_by_another_executor_is_lease_lost(db, agent):
+    run_id = post(db, make_session(db)).run_id
+    claim(db, W)
+    before = snapshot_state(db)
+    with pytest.raises(LeaseLost):
+        beat(db, run_id, executor="worker-2")
+    assert snapshot_state(db) == before
+
+
+def test_heartbeat_on_queued_or_terminal_run_is_lease_lost(db, agent):
+    run_id = post(db, make_session(db)).run_id
+    with pytest.raises(LeaseLost):
+        beat(db, run_id)
+    claim(db, W)
+    finish(db, run_id)
+    with pytest.raises(LeaseLost):
+        beat(db, run_id)
+
+
+def test_heartbeat_after_expiry_is_lease_lost(db, agent):
+    run_id = post(db, make_session(db)).run_id
+    claim(db, W, lease_seconds=1)
+    beat(db, run_id, lease_seconds=1)
+    time.sleep(1.1)
+    before = snapshot_state(db)
+    with pytest.raises(LeaseLost):
+        beat(db, run_id)
+    assert snapshot_state(db) == before
+    assert run_row(db, run_id).status == "running"  # expiry is not a failure by itself

@@ -1,0 +1,175 @@
+"""Reconciliation: expired leases, orphaned queued children, executor restarts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from factories import claim, make_agent, make_session, post
+from ledger_checks import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
+
+from agentledger.errors import LeaseLost
+from ingest.cancel import request_cancel
+from ingest.events import append_events
+from ingest.leases import heartbeat
+from ingest.reconcile import (
+    expired_lease_run_ids,
+    interrupt_executor_runs,
+    interrupt_if_lease_expired,
+    interrupt_if_orphaned,
+    orphaned_child_run_ids,
+)
+from ingest.runs import create_child_run
+
+W = "worker-1"
+
+
+@pytest.fixture
+def agent(db):
+    make_agent(db, "echo")
+    make_agent(db, "helper")
+
+
+def reconcile_once(db) -> tuple[list[str], list[str]]:
+    """One reconciler pass, as the loop does it: each run in its own short transaction."""
+    with db.read() as s:
+        expired = expired_lease_run_ids(s)
+    ended = []
+    for run_id in expired:
+        with db.write() as s:
+            if interrupt_if_lease_expired(s, run_id):
+                ended.append(run_id)
+    with db.read() as s:
+        orphans = orphaned_child_run_ids(s)
+    dropped = []
+    for run_id in orphans:
+        with db.write() as s:
+            if interrupt_if_orphaned(s, run_id):
+                dropped.append(run_id)
+    return ended, dropped
+
+
+def test_expired_lease_is_interrupted_not_rerun(db, agent):
+    expiring = post(db, make_session(db), "slow").run_id
+    claim(db, W, lease_seconds=1)
+    cancelling = post(db, make_session(db), "also slow").run_id
+    claim(db, "worker-2", lease_seconds=1)
+    with db.write() as s:
+        request_cancel(s, cancelling, requested_by="alice")
+    healthy = post(db, make_session(db), "fine").run_id
+    claim(db, "worker-3", lease_seconds=600)
+    queued = post(db, make_session(db), "waiting").run_id
+
+    assert reconcile_once(db) == ([], [])
+    time.sleep(1.1)
+    with db.read() as s:
+        assert set(expired_lease_run_ids(s)) == {expiring, cancelling}
+    ended, dropped = reconcile_once(db)
+    assert set(ended) == {expiring, cancelling} and dropped == []
+
+    for run_id, executor in ((expiring, W), (cancelling, "worker-2")):
+        run = run_row(db, run_id)
+        assert run.status == "interrupted" and run.finished_at is not None
+        last = events(db, run_id)[-1]
+        assert last.type == "run.interrupted"
+        assert last.data["reason"] == "lease_expired"
+        assert last.data["executor_instance_id"] == executor
+        assert_run_invariants(db, run_id)
+    assert run_row(db, healthy).status == "running"
+    assert run_row(db, queued).status == "queued"
+    # Never re-run: the interrupted run is not claimable again, and its executor lost the lease.
+    assert [c.run_id for c in claim(db, "worker-9", max_runs=10)] == [queued]
+    with pytest.raises(LeaseLost), db.write() as s:
+        append_events(s, expiring, [("run.completed", {})], executor_instance_id=W)
+
+    before = snapshot_state(db)
+    assert reconcile_once(db) == ([], [])  # a second pass finds nothing left to do
+    assert snapshot_state(db) == before
+    assert_chains_ok(db)
+
+
+def test_interrupt_rechecks_under_the_lock(db, agent):
+    """A run whose lease was renewed after the scan is left alone."""
+    run_id = post(db, make_session(db)).run_id
+    claim(db, W, lease_seconds=1)
+    time.sleep(1.1)
+    with db.read() as s:
+        assert expired_lease_run_ids(s) == [run_id]
+    with db.write() as s:  # a late heartbeat does not revive it (the lease is gone) ...
+        with pytest.raises(LeaseLost):
+            heartbeat(s, run_id, W)
+    with db.write() as s:
+        assert interrupt_if_lease_expired(s, run_id) is True
+    with db.write() as s:
+        assert interrupt_if_lease_expired(s, run_id) is False
+    live = post(db, make_session(db)).run_id
+    claim(db, W, lease_seconds=600)
+    before = snapshot_state(db)
+    with db.write() as s:
+        assert interrupt_if_lease_expired(s, live) is False
+    assert snapshot_state(db) == before
+
+
+def test_queued_child_of_a_terminal_parent_is_interrupted(db, agent):
+    parent = post(db, make_session(db)).run_id
+    claim(db, W)
+    with db.write() as s:
+        orphan = create_child_run(s, parent, agent_id="helper", input="x",
+                                  executor_instance_id=W)
+        sibling = create_child_run(s, parent, agent_id="helper", input="y",
+                                   executor_instance_id=W)
+    [c] = claim(db, "worker-2", max_runs=1)
+    assert c.run_id == orphan
+    assert reconcile_once(db) == ([], [])
+    with db.write() as s:
+        append_events(s, parent, [("run.failed", {"error": {"code": "e", "message": "m"}})],
+                      executor_instance_id=W)
+    parent_events = events(db, parent)
+
+    ended, dropped = reconcile_once(db)
+    assert ended == [] and dropped == [sibling]
+    last = events(db, sibling)[-1]
+    assert last.type == "run.interrupted"
+    assert last.data == {"reason": "parent_terminal", "parent_run_id": parent,
+                         "parent_status": "failed"}
+    assert run_row(db, sibling).status == "interrupted"
+    # The running child is not an orphan: it finishes on its own; the ended parent hears nothing.
+    assert run_row(db, orphan).status == "running"
+    assert events(db, parent) == parent_events
+    with db.write() as s:
+        assert interrupt_if_orphaned(s, orphan) is False
+        assert interrupt_if_orphaned(s, parent) is False
+    for r in (parent, orphan, sibling):
+        assert_run_invariants(db, r)
+
+
+def test_executor_restart_interrupts_its_unfinished_runs(db, agent):
+    mine = [post(db, make_session(db), f"m{i}").run_id for i in range(3)]
+    claim(db, W, max_runs=3)
+    with db.write() as s:
+        request_cancel(s, mine[1], requested_by="alice")
+    with db.write() as s:
+        append_events(s, mine[2], [("run.completed", {})], executor_instance_id=W)
+    theirs = post(db, make_session(db)).run_id
+    claim(db, "worker-2")
+    queued = post(db, make_session(db)).run_id
+    finished_events = events(db, mine[2])
+
+    with db.write() as s:
+        ended = interrupt_executor_runs(s, W, reason="service_restart")
+    assert set(ended) == {mine[0], mine[1]}
+    for run_id in ended:
+        last = events(db, run_id)[-1]
+        assert (last.type, last.data) == (
+            "run.interrupted", {"reason": "service_restart", "executor_instance_id": W})
+        assert run_row(db, run_id).status == "interrupted"
+        assert_run_invariants(db, run_id)
+    assert events(db, mine[2]) == finished_events
+    assert run_row(db, theirs).status == "running"
+    assert run_row(db, queued).status == "queued"
+
+    before = snapshot_state(db)
+    with db.write() as s:
+        assert interrupt_executor_runs(s, W, reason="service_restart") == []
+    assert snapshot_state(db) == before
+    assert_chains_ok(db)
