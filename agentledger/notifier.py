@@ -1,24 +1,36 @@
-"""Waking waiters in this process when another process appends events or queues a run.
+"""Waking waiters in this process when any process appends events or queues a run.
 
-On PostgreSQL one listener thread per process holds a single ``LISTEN`` connection and fans the
-notifications out to every waiting stream or worker loop (not one connection per client). On
-SQLite there is no cross-process signal, so waiters poll with a short timeout. Either way a
-notification is only a hint: waiters re-read the database, which is the source of truth, so a
-missed or duplicated notification can delay delivery by one poll but never lose or repeat data.
+One background thread per process watches the database for every waiter in it (streams, worker
+loops), never one connection per client:
+
+- PostgreSQL: a single ``LISTEN`` connection receives the ``NOTIFY`` sent by each commit.
+- SQLite: a single read-only connection polls ``PRAGMA data_version`` (which changes when any
+  other connection commits) every 50 ms; when it changes, one query over the watched runs'
+  ``last_event_seq`` tells which of them moved.
+
+Writes made by this very process are signalled straight after their commit
+(``Database.add_notification_listener``). A notification is only a hint: waiters re-read the
+database, the source of truth, so a missed or duplicated one can delay delivery by at most the
+fallback timeout, never lose or repeat data.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 
 import psycopg
 from sqlalchemy.engine import make_url
 
+from agentledger.config import sqlite_path
 from agentledger.dialect import EVENTS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger("agentledger.notifier")
+
+SQLITE_WATCH_SECONDS = 0.05
+FALLBACK_SECONDS = 1.0
 
 
 class EventNotifier:
@@ -30,7 +42,7 @@ class EventNotifier:
         # key -> [generation, subscribers]; only keys someone waits on are tracked.
         self._subscriptions: dict[str, list[int]] = {}
         self._queue_generation = 0
-        self._listening = False
+        self._watching = False
         self._started = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -39,8 +51,9 @@ class EventNotifier:
 
     @property
     def fallback_timeout(self) -> float:
-        """How long a waiter sleeps when no notification comes (a safety net on PostgreSQL)."""
-        return 1.0 if (self.is_postgres and self._listening) else self.poll_seconds
+        """How long a waiter sleeps without a signal: a safety net while the watcher runs, a
+        short poll when it cannot (database unreachable)."""
+        return FALLBACK_SECONDS if self._watching else self.poll_seconds
 
     def subscribe(self, key: str) -> None:
         self.ensure_started()
@@ -89,7 +102,7 @@ class EventNotifier:
     # ---- signalling ----------------------------------------------------------------------
 
     def signal(self, channel: str, payload: str) -> None:
-        """Record a notification (from the listener, or from this process's own writes)."""
+        """Record a notification (from the watcher, or from this process's own commits)."""
         with self._cond:
             if channel == QUEUE_CHANNEL:
                 self._queue_generation += 1
@@ -99,50 +112,97 @@ class EventNotifier:
                 return
             self._cond.notify_all()
 
-    # ---- the PostgreSQL listener ---------------------------------------------------------
-
-    def ensure_started(self) -> None:
-        if self._started or not self.is_postgres:
-            return
-        with self._cond:
-            if self._started:
-                return
-            self._started = True
-        self._thread = threading.Thread(target=self._listen_forever, name="agentledger-listen",
-                                        daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _conninfo(self) -> str:
-        url = make_url(self._url).set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
-
-    def _listen_forever(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._conninfo(), autocommit=True) as conn:
-                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-                    conn.execute(f"LISTEN {QUEUE_CHANNEL}")
-                    self._listening = True
-                    backoff = 0.5
-                    # Wake everyone once: anything sent while we were not listening is re-read.
-                    self._wake_all()
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            self.signal(note.channel, note.payload)
-            except psycopg.Error as exc:
-                log.warning("notification listener lost its connection (%s); retrying", exc)
-            finally:
-                self._listening = False
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 10.0)
-
     def _wake_all(self) -> None:
         with self._cond:
             for entry in self._subscriptions.values():
                 entry[0] += 1
             self._queue_generation += 1
             self._cond.notify_all()
+
+    # ---- the watcher thread --------------------------------------------------------------
+
+    def ensure_started(self) -> None:
+        if self._started:
+            return
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+        target = self._listen_forever if self.is_postgres else self._watch_sqlite_forever
+        self._thread = threading.Thread(target=target, name="agentledger-notify", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _retrying(self, body, what: str) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                body()
+                backoff = 0.5
+            except (psycopg.Error, sqlite3.Error) as exc:
+                log.warning("%s lost its connection (%s); retrying", what, exc)
+            finally:
+                self._watching = False
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    def _listen_forever(self) -> None:
+        def listen() -> None:
+            conninfo = make_url(self._url).set(drivername="postgresql").render_as_string(
+                hide_password=False
+            )
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                conn.execute(f"LISTEN {QUEUE_CHANNEL}")
+                self._watching = True
+                # Anything committed while we were not listening is picked up by a re-read.
+                self._wake_all()
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=1.0):
+                        self.signal(note.channel, note.payload)
+
+        self._retrying(listen, "notification listener")
+
+    def _watch_sqlite_forever(self) -> None:
+        path = sqlite_path(self._url)
+        if path is None:
+            return
+
+        def watch() -> None:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5,
+                                   check_same_thread=False, isolation_level=None)
+            try:
+                conn.execute("PRAGMA busy_timeout=5000")
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+                seqs: dict[str, int] = {}
+                self._watching = True
+                self._wake_all()
+                while not self._stop.wait(SQLITE_WATCH_SECONDS):
+                    current = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if current == version:
+                        continue
+                    version = current
+                    self._signal_changed_runs(conn, seqs)
+            finally:
+                conn.close()
+
+        self._retrying(watch, "SQLite change watcher")
+
+    def _signal_changed_runs(self, conn: sqlite3.Connection, seqs: dict[str, int]) -> None:
+        with self._cond:
+            watched = list(self._subscriptions)
+        for stale in set(seqs) - set(watched):
+            del seqs[stale]
+        for start in range(0, len(watched), 500):
+            chunk = watched[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for run_id, seq in conn.execute(
+                f"SELECT id, last_event_seq FROM agent_run WHERE id IN ({marks})", chunk
+            ):
+                if seqs.get(run_id) != seq:
+                    seqs[run_id] = seq
+                    self.signal(EVENTS_CHANNEL, run_id)
+        # Worker loops are few; any commit may have queued a run.
+        self.signal(QUEUE_CHANNEL, "")
