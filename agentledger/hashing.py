@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
+
+from agentledger.errors import ValidationFailed
 
 GENESIS_HASH = "0" * 64
 
@@ -42,3 +46,37 @@ def event_hash(
         }
     )
     return sha256_hex(previous_hash + "\n" + body)
+
+
+def storable_json(value: Any, where: str) -> Any:
+    """``value`` exactly as both databases give it back, so its hash verifies after a round trip.
+
+    PostgreSQL's jsonb keeps numbers as ``numeric``: it has no ``-0.0``, and a float written with
+    an exponent of 16 or more (``1e+16``) comes back as an integer. Text may not contain NUL or
+    lone surrogates, and NaN/Infinity are not JSON: those are refused on both databases.
+    """
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationFailed(f"{where}: numbers must be finite")
+        if value == 0:
+            return 0.0
+        if abs(value) >= 1e16:
+            return int(Decimal(repr(value)))
+        return value
+    if isinstance(value, str):
+        if "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value):
+            raise ValidationFailed(f"{where}: text may not contain NUL or lone surrogates")
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValidationFailed(f"{where}: object keys must be strings")
+            storable_json(key, where)
+            out[key] = storable_json(item, f"{where}.{key}")
+        return out
+    if isinstance(value, list | tuple):
+        return [storable_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    raise ValidationFailed(f"{where}: {type(value).__name__} is not a JSON value")

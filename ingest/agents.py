@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from agentledger import dialect
 from agentledger.errors import Conflict, NotFound
-from agentledger.hashing import canonical_json, sha256_hex
+from agentledger.hashing import canonical_json, sha256_hex, storable_json
 from agentledger.schema import Agent, AgentVersion
 
 
@@ -56,8 +56,21 @@ def _insert_version(session: Session, agent_id: str, version: int, definition: A
     )
 
 
+def _storable(definition: AgentDefinition) -> AgentDefinition:
+    """The definition exactly as the database will give it back (so its hash stays true)."""
+    return AgentDefinition(
+        name=storable_json(definition.name, "name"),
+        kind=storable_json(definition.kind, "kind"),
+        model=storable_json(definition.model, "model"),
+        instructions=storable_json(definition.instructions, "instructions"),
+        tools=storable_json(definition.tools, "tools"),
+        params=storable_json(definition.params, "params"),
+    )
+
+
 def register_agent(session: Session, agent_id: str, definition: AgentDefinition) -> int:
     """Create the agent with version 1; an existing id is a ``Conflict``."""
+    definition = _storable(definition)
     now = dialect.now(session)
     stmt = dialect.insert_ignoring_conflicts(session, Agent.__table__, ["id"]).values(
         id=agent_id, latest_version=1, created_at=now, updated_at=now
@@ -73,6 +86,7 @@ def register_agent(session: Session, agent_id: str, definition: AgentDefinition)
 
 def add_agent_version(session: Session, agent_id: str, definition: AgentDefinition) -> int:
     """Append the next immutable version of an existing agent and make it the current one."""
+    definition = _storable(definition)
     now = dialect.now(session)
     current = session.execute(
         dialect.for_update(select(Agent.latest_version).where(Agent.id == agent_id), session)

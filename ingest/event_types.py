@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentledger.errors import ValidationFailed
+from agentledger.hashing import storable_json
 
 INTERRUPT_REASONS = ("lease_expired", "parent_terminal", "service_restart", "executor_shutdown")
 
@@ -108,40 +107,6 @@ EXECUTOR_APPENDABLE = frozenset(
 )
 
 
-def _storable(value: Any, where: str) -> Any:
-    """``value`` exactly as both databases give it back, so its hash verifies after a round trip.
-
-    PostgreSQL's jsonb keeps numbers as ``numeric``: it has no ``-0.0``, and a float written with
-    an exponent of 16 or more (``1e+16``) comes back as an integer. Text may not contain NUL or
-    lone surrogates, and NaN/Infinity are not JSON: those are refused on both databases.
-    """
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValidationFailed(f"{where}: numbers must be finite")
-        if value == 0:
-            return 0.0
-        if abs(value) >= 1e16:
-            return int(Decimal(repr(value)))
-        return value
-    if isinstance(value, str):
-        if "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value):
-            raise ValidationFailed(f"{where}: text may not contain NUL or lone surrogates")
-        return value
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValidationFailed(f"{where}: object keys must be strings")
-            _storable(key, where)
-            out[key] = _storable(item, f"{where}.{key}")
-        return out
-    if isinstance(value, list | tuple):
-        return [_storable(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    raise ValidationFailed(f"{where}: {type(value).__name__} is not a JSON value")
-
-
 def validated_data(event_type: str, data: Any) -> dict:
     """The event's data after checking it against its type; raises ``ValidationFailed``."""
     model = DATA_MODELS.get(event_type)
@@ -149,7 +114,7 @@ def validated_data(event_type: str, data: Any) -> dict:
         raise ValidationFailed(f"unknown event type {event_type!r}")
     if not isinstance(data, dict):
         raise ValidationFailed(f"data of {event_type} must be an object")
-    data = _storable(data, f"{event_type} data")
+    data = storable_json(data, f"{event_type} data")
     try:
         model.model_validate(data, strict=False)
     except ValidationError as exc:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from agentledger import dialect
 from agentledger.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
-from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash, sha256_hex
+from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash, sha256_hex, storable_json
 from agentledger.ids import new_id
 from agentledger.schema import (
     ACTIVE,
@@ -100,6 +100,7 @@ def context_pack(items: list[ContextItem]) -> tuple[dict[str, Any], dict[str, st
     entries = []
     blobs: dict[str, str] = {}
     for item in items:
+        storable_json([item.id, item.title, item.content, item.version], "context")
         digest = sha256_hex(item.content)
         blobs[digest] = item.content
         entries.append(

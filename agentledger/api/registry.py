@@ -16,7 +16,7 @@ from typing import Any
 from flask import Blueprint, g, request
 from pydantic import BaseModel, ValidationError
 
-from agentledger.errors import Forbidden, InvalidRequest, ValidationFailed
+from agentledger.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
 
 ALL_ROLES = ("user", "viewer", "executor", "admin")
 READERS = ("user", "viewer", "admin")
@@ -73,7 +73,15 @@ def parse_body(model: type[BaseModel]) -> tuple[BaseModel, dict]:
         raise ValidationFailed(_pydantic_message(exc)) from exc
 
 
+def _storable_text(value: str) -> bool:
+    """Text a database can hold: no NUL, no lone surrogates (ids never contain either)."""
+    return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+
+
 def parse_query(model: type[BaseModel]) -> BaseModel:
+    for name, value in request.args.items(multi=True):
+        if not _storable_text(name) or not _storable_text(value):
+            raise InvalidRequest(f"query parameter {name!r} contains characters that are not allowed")
     try:
         return model.model_validate(request.args.to_dict())
     except ValidationError as exc:
@@ -101,6 +109,9 @@ class ApiRegistry:
                     if principal.role not in op.roles:
                         raise Forbidden(f"the {principal.role} role may not use {op.method} {op.path}")
                     g.principal = principal
+                for value in path_args.values():
+                    if not _storable_text(value):
+                        raise NotFound("no such object")
                 kwargs = dict(path_args)
                 if op.query is not None:
                     kwargs["query"] = parse_query(op.query)

@@ -18,8 +18,9 @@ class Strict(BaseModel):
 
 
 def _no_nul(value: str | None) -> str | None:
-    if value is not None and "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+    # Neither database stores NUL in text, and lone surrogates are not UTF-8.
+    if value is not None and ("\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)):
+        raise ValueError("must not contain NUL characters or lone surrogates")
     return value
 
 
