@@ -54,6 +54,10 @@ def now(session: Session) -> datetime:
     if name(session) == "postgresql":
         value = session.execute(text("SELECT now()")).scalar_one()
         return value.astimezone(UTC)
+    # Begin the transaction first: a writer's BEGIN IMMEDIATE waits for the write lock, and a
+    # clock read before that wait would stamp this transaction earlier than the one it waited
+    # for (a run could start before it was created).
+    session.connection()
     return datetime.now(UTC)
 
 

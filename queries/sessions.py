@@ -8,7 +8,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentledger.schema import AgentRun, ChatSession, Message
-from queries.common import DEFAULT_LIMIT, Page, after_cursor, decode_cursor, encode_cursor, iso, parse_time
+from queries.common import (
+    DEFAULT_LIMIT,
+    Page,
+    after_cursor,
+    decode_cursor,
+    encode_cursor,
+    iso,
+    parse_time,
+)
 
 
 def session_dict(row) -> dict[str, Any]:
