@@ -23,6 +23,7 @@ from sqlalchemy import select
 from agentledger.agent_kinds import AgentFailed, RunCancelled, RunContext, kind_for
 from agentledger.config import Settings
 from agentledger.database import Database
+from agentledger.dialect import QUEUE_CHANNEL
 from agentledger.errors import (
     CancelRequested,
     IllegalTransition,
@@ -97,6 +98,11 @@ class Executor:
     def stop(self, *, reason: str = "executor_shutdown", timeout: float = 5.0) -> list[str]:
         """Stop claiming, end this instance's unfinished runs ``interrupted``, and return them."""
         self._stopping.set()
+        # Wake the claim loop (it may be waiting up to a second for a queue notification) and
+        # any slot waiter, so that stopping takes milliseconds, not a fallback period.
+        self.notifier.signal(QUEUE_CHANNEL, "executor-stopping")
+        with self._slots:
+            self._slots.notify_all()
         for thread in self._threads:
             thread.join(timeout)
         with self._active_lock:

@@ -1,0 +1,501 @@
+"""The in-process executor (``agentledger.worker.executor.Executor``) against real SQLite and
+PostgreSQL databases: claiming, per-thread FIFO, slots, delegation, cancel, leases and
+heartbeats, shutdown and restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from factories import claim, make_agent, make_session, post
+from process_helpers import (
+    TERMINAL,
+    ExecutorPool,
+    assert_one_terminal_event,
+    events,
+    message_content,
+    run,
+    runs,
+    status,
+    statuses,
+    types,
+    wait_for_status,
+    wait_terminal,
+    wait_until,
+)
+from sqlalchemy import select
+
+from agentledger.agent_kinds import AgentFailed, available_kinds
+from agentledger.app_factory import create_app
+from agentledger.config import Settings
+from agentledger.reconciler import reconcile_once
+from agentledger.schema import Message
+from agentledger.worker.executor import Executor
+from ingest.cancel import request_cancel
+from ingest.reconcile import interrupt_executor_runs
+from ingest.tokens import create_token
+
+
+@pytest.fixture
+def executors(db):
+    with ExecutorPool(db) as pool:
+        yield pool
+
+
+def sleeper(db, agent_id: str = "sleeper", seconds: float = 30, *, say: str = "working ") -> str:
+    return make_agent(db, agent_id, kind="scripted",
+                      params={"steps": [{"say": say}, {"sleep": seconds}, {"say": "done"}]})
+
+
+def delegator(db, agent_id: str, children: list[str], *, after: str = "done") -> str:
+    return make_agent(db, agent_id, kind="scripted", params={"steps": [
+        {"say": f"{agent_id} delegating. "},
+        {"delegate": [{"agent_id": c, "input": f"{c} for {{input}}"} for c in children]},
+        {"say": after},
+    ]})
+
+
+def tree_of(db, root_id: str) -> list:
+    return runs(db, root_run_id=root_id)
+
+
+def max_overlap(intervals) -> int:
+    """Most intervals open at one instant; an interval ending when another starts doesn't count."""
+    points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+                    key=lambda p: (p[0], p[1]))
+    best = current = 0
+    for _, delta in points:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# claiming, FIFO, slots
+# --------------------------------------------------------------------------------------------
+
+
+def test_claims_every_queued_run_and_starts_each_once(db, executors):
+    make_agent(db, "echo")
+    posted = [post(db, make_session(db), f"message {i}") for i in range(6)]
+    executor = executors.start("exec-a", concurrency=3)
+    wait_terminal(db, [p.run_id for p in posted])
+    for i, p in enumerate(posted):
+        row = run(db, p.run_id)
+        assert row.status == "succeeded"
+        assert row.executor_instance_id == "exec-a"
+        assert message_content(db, row.final_message_id) == f"message {i}"
+        started = [e for e in events(db, p.run_id) if e.type == "run.started"]
+        assert len(started) == 1
+        assert started[0].data["executor_instance_id"] == "exec-a"
+        assert_one_terminal_event(db, p.run_id)
+    assert executor.started_runs == 6
+    assert executor.active_run_ids == []
+
+
+def test_runs_of_one_thread_run_one_after_another_in_order(db, executors):
+    make_agent(db, "slow", kind="scripted",
+               params={"steps": [{"say": "{input}"}, {"sleep": 0.4}]})
+    session_id = make_session(db, agent_id="slow")
+    posted = [post(db, session_id, f"m{i}") for i in range(3)]
+    other = post(db, make_session(db, agent_id="slow"), "elsewhere")
+    # two executors with free slots compete for the same thread: FIFO must still hold
+    executors.start("exec-a", concurrency=3)
+    executors.start("exec-b", concurrency=3)
+    wait_terminal(db, [p.run_id for p in posted] + [other.run_id], timeout=20)
+    rows = [run(db, p.run_id) for p in posted]
+    assert [r.status for r in rows] == ["succeeded"] * 3
+    for earlier, later in zip(rows, rows[1:], strict=False):
+        assert later.started_at >= earlier.finished_at, (earlier, later)
+    # another session's run is not held back by this thread's queue
+    assert run(db, other.run_id).started_at < rows[1].started_at
+    with db.read() as s:
+        answers = s.execute(select(Message.content, Message.run_id).where(
+            Message.session_id == session_id, Message.role == "assistant")
+            .order_by(Message.created_at, Message.id)).all()
+    assert [a.content for a in answers] == ["m0", "m1", "m2"]
+
+
+def test_concurrency_bounds_the_runs_executing_at_once(db, executors):
+    make_agent(db, "slow", kind="scripted", params={"steps": [{"sleep": 0.5}]})
+    posted = [post(db, make_session(db, agent_id="slow"), "x") for i in range(5)]
+    ids = [p.run_id for p in posted]
+    executors.start("exec-a", concurrency=2)
+    most_running = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = statuses(db, ids)
+        most_running = max(most_running, sum(v == "running" for v in now.values()))
+        if all(v in TERMINAL for v in now.values()):
+            break
+        time.sleep(0.05)
+    assert most_running == 2
+    rows = [run(db, i) for i in ids]
+    assert all(r.status == "succeeded" for r in rows)
+    assert max_overlap([(r.started_at, r.finished_at) for r in rows]) == 2
+
+
+def test_concurrency_must_be_positive(db):
+    with pytest.raises(ValueError):
+        Executor(db, Settings(database_url=db.url), instance_id="x", concurrency=0)
+
+
+# --------------------------------------------------------------------------------------------
+# delegation
+# --------------------------------------------------------------------------------------------
+
+
+def test_delegation_works_with_a_single_slot(db, executors):
+    make_agent(db, "echo")
+    sleeper(db, "nap", 0.2, say="napped ")
+    delegator(db, "boss", ["echo", "nap"])
+    posted = post(db, make_session(db, agent_id="boss"), "the task")
+    executors.start("solo", concurrency=1)
+    wait_for_status(db, posted.run_id, "succeeded", timeout=15)
+    nodes = tree_of(db, posted.run_id)
+    assert len(nodes) == 3
+    assert all(n.status == "succeeded" for n in nodes)
+    assert all(n.executor_instance_id == "solo" for n in nodes)
+    parent = run(db, posted.run_id)
+    assert message_content(db, parent.final_message_id) == "boss delegating. done"
+    kinds = types(db, posted.run_id)
+    assert kinds.count("run.child_created") == 2 and kinds.count("run.child_finished") == 2
+
+
+def test_a_slot_freed_by_a_delegating_parent_is_given_back_to_it(db, executors):
+    """With one slot, two delegating roots and their children all finish (no deadlock)."""
+    make_agent(db, "echo")
+    delegator(db, "boss", ["echo", "echo"])
+    posted = [post(db, make_session(db, agent_id="boss"), f"t{i}") for i in range(2)]
+    executors.start("solo", concurrency=1)
+    wait_terminal(db, [p.run_id for p in posted], timeout=20)
+    for p in posted:
+        nodes = tree_of(db, p.run_id)
+        assert len(nodes) == 3 and {n.status for n in nodes} == {"succeeded"}
+
+
+def test_delegation_tree_of_depth_three(db, executors):
+    make_agent(db, "leaf", kind="scripted", params={"steps": [{"say": "leaf:{input}"}]})
+    delegator(db, "middle", ["leaf", "leaf"])
+    delegator(db, "top", ["middle", "leaf"])
+    posted = post(db, make_session(db, agent_id="top"), "q")
+    executors.start("exec-a", concurrency=2)
+    wait_for_status(db, posted.run_id, "succeeded", timeout=20)
+
+    nodes = {n.id: n for n in tree_of(db, posted.run_id)}
+    assert len(nodes) == 5
+    assert {n.status for n in nodes.values()} == {"succeeded"}
+
+    def depth(node):
+        return 1 if node.parent_run_id is None else 1 + depth(nodes[node.parent_run_id])
+
+    assert max(depth(n) for n in nodes.values()) == 3
+    assert {n.root_run_id for n in nodes.values()} == {posted.run_id}
+    assert len({n.thread_id for n in nodes.values()}) == 5
+    middle = next(n for n in nodes.values() if n.agent_id == "middle")
+    assert middle.session_id is None and middle.parent_run_id == posted.run_id
+    grandchildren = [n for n in nodes.values() if n.parent_run_id == middle.id]
+    assert [g.input for g in grandchildren] == ["leaf for middle for q"] * 2
+    for node in nodes.values():
+        assert_one_terminal_event(db, node.id)
+        # a parent ends only after all its children ended
+        for child in (c for c in nodes.values() if c.parent_run_id == node.id):
+            assert child.finished_at <= node.finished_at
+
+    # the tree API returns parents before children
+    app = create_app(Settings(database_url=db.url, secret_key="t"), database=db, dashboards=False)
+    with db.write() as s:
+        _, token = create_token(s, owner_id="viewer", role="viewer")
+    tree = app.test_client().get(f"/api/agent-runs/{grandchildren[0].id}/tree",
+                                 headers={"Authorization": f"Bearer {token}"}).get_json()
+    app.extensions["agentledger"].notifier.stop()
+    assert tree["root_run_id"] == posted.run_id
+    order = [n["run_id"] for n in tree["nodes"]]
+    assert sorted(order) == sorted(nodes)
+    for node in tree["nodes"]:
+        if node["parent_run_id"]:
+            assert order.index(node["parent_run_id"]) < order.index(node["run_id"])
+
+
+def test_a_failed_child_is_reported_to_its_waiting_parent(db, executors):
+    make_agent(db, "broken", kind="scripted", params={"steps": [{"fail": "nope"}]})
+    make_agent(db, "echo")
+    delegator(db, "boss", ["broken", "echo"])
+    posted = post(db, make_session(db, agent_id="boss"), "x")
+    executors.start(concurrency=2)
+    wait_terminal(db, posted.run_id)
+    finished = {e.data["child_run_id"]: e.data["status"]
+                for e in events(db, posted.run_id) if e.type == "run.child_finished"}
+    by_agent = {run(db, c).agent_id: s for c, s in finished.items()}
+    assert by_agent == {"broken": "failed", "echo": "succeeded"}
+    # the scripted kind goes on after its delegate step whatever the children did
+    assert status(db, posted.run_id) == "succeeded"
+
+
+# --------------------------------------------------------------------------------------------
+# cancel
+# --------------------------------------------------------------------------------------------
+
+
+def test_cancel_is_noticed_within_a_second_and_confirmed_exactly_once(db, executors):
+    # a script that keeps emitting: the cancel must stop it between steps
+    make_agent(db, "chatty", kind="scripted",
+               params={"steps": [{"say": "."}, {"sleep": 0.05}] * 400})
+    posted = post(db, make_session(db, agent_id="chatty"), "x")
+    executors.start()
+    wait_until(lambda: types(db, posted.run_id).count("message.delta") >= 3, timeout=10)
+    asked = time.monotonic()
+    with db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(db, posted.run_id, "cancelled", timeout=5)
+    assert time.monotonic() - asked < 1.5
+    evs = events(db, posted.run_id)
+    kinds = [e.type for e in evs]
+    assert kinds.count("run.cancelling") == 1
+    assert kinds.count("run.cancelled") == 1
+    assert kinds[-1] == "run.cancelled"
+    assert evs[-1].data["external_stop_confirmed"] is True
+    assert "run.completed" not in kinds and "run.failed" not in kinds
+    # after the cancel request only progress already in flight may land, then the confirmation
+    after = kinds[kinds.index("run.cancelling") + 1:]
+    assert set(after) <= {"message.delta", "run.cancelled"} and len(after) <= 2
+    assert run(db, posted.run_id).final_message_id is None
+    # nothing more is ever written
+    time.sleep(0.5)
+    assert len(events(db, posted.run_id)) == len(evs)
+
+
+@pytest.fixture
+def test_kind(monkeypatch):
+    """Register an in-process agent kind for one test (as a plug-in would)."""
+    available_kinds.cache_clear()
+
+    def register(name, fn):
+        monkeypatch.setitem(available_kinds(), name, fn)
+
+    yield register
+    available_kinds.cache_clear()
+
+
+@pytest.mark.parametrize("ending", ["answer", "failure"])
+def test_a_cancel_that_arrives_while_the_agent_finishes_wins(db, executors, test_kind, ending):
+    def finishes_after_cancel(ctx):
+        ctx.say("almost there")
+        with db.write() as s:  # the user cancels just before the agent returns
+            request_cancel(s, ctx.run_id, requested_by="alice")
+        if ending == "failure":
+            raise AgentFailed("gave up")
+        return "the answer"
+
+    test_kind("late-cancel", finishes_after_cancel)
+    make_agent(db, "late", kind="late-cancel")
+    posted = post(db, make_session(db, agent_id="late"), "x")
+    executors.start()
+    wait_terminal(db, posted.run_id)
+    assert types(db, posted.run_id) == ["run.queued", "run.started", "message.delta",
+                                        "run.cancelling", "run.cancelled"]
+    assert run(db, posted.run_id).final_message_id is None
+    assert run(db, posted.run_id).error is None
+
+
+def test_a_cancel_that_arrives_just_before_a_delegate_step_is_confirmed(db, executors, test_kind):
+    # The parent is already cancelling when it tries to delegate: the ledger refuses to create
+    # children of a cancelling run, and the executor confirms the cancel (it must not leave the
+    # run hanging until its lease expires).
+    def cancelled_then_delegates(ctx):
+        with db.write() as s:
+            request_cancel(s, ctx.run_id, requested_by="alice")
+        ctx.delegate([{"agent_id": "echo", "input": "x"}])
+        return "never"
+
+    test_kind("cancel-then-delegate", cancelled_then_delegates)
+    make_agent(db, "echo")
+    make_agent(db, "eager", kind="cancel-then-delegate")
+    posted = post(db, make_session(db, agent_id="eager"), "x")
+    executors.start()
+    wait_for_status(db, posted.run_id, ("cancelled", "interrupted", "failed"), timeout=5)
+    assert types(db, posted.run_id) == ["run.queued", "run.started", "run.cancelling",
+                                        "run.cancelled"]
+    assert runs(db, parent_run_id=posted.run_id) == []
+
+
+def test_cancel_of_a_middle_node_cancels_only_its_subtree(db, executors):
+    sleeper(db, "long-leaf", 30)
+    sleeper(db, "short-leaf", 1.5)
+    delegator(db, "middle", ["long-leaf", "long-leaf"])
+    delegator(db, "top", ["middle", "short-leaf"])
+    posted = post(db, make_session(db, agent_id="top"), "q")
+    executors.start("exec-a", concurrency=4)
+    wait_until(lambda: len(tree_of(db, posted.run_id)) == 5
+               and all(n.status == "running" for n in tree_of(db, posted.run_id)), timeout=10)
+    middle = next(n for n in tree_of(db, posted.run_id) if n.agent_id == "middle")
+    with db.write() as s:
+        assert request_cancel(s, middle.id, requested_by="alice") == "cancelling"
+    wait_for_status(db, posted.run_id, "succeeded", timeout=10)
+    by_agent = {}
+    for node in tree_of(db, posted.run_id):
+        by_agent.setdefault(node.agent_id, set()).add(node.status)
+        assert_one_terminal_event(db, node.id)
+    assert by_agent == {"top": {"succeeded"}, "middle": {"cancelled"},
+                        "long-leaf": {"cancelled"}, "short-leaf": {"succeeded"}}
+    finished = {e.data["child_run_id"]: e.data["status"]
+                for e in events(db, posted.run_id) if e.type == "run.child_finished"}
+    assert finished[middle.id] == "cancelled"
+
+
+def test_cancel_of_a_parent_cancels_its_whole_subtree(db, executors):
+    sleeper(db, "leaf", 30)
+    delegator(db, "middle", ["leaf"])
+    delegator(db, "top", ["middle", "leaf"])
+    posted = post(db, make_session(db, agent_id="top"), "q")
+    executors.start("exec-a", concurrency=4)
+    wait_until(lambda: (nodes := tree_of(db, posted.run_id)) and len(nodes) == 4
+               and all(n.status == "running" for n in nodes)
+               and all("message.delta" in types(db, n.id) for n in nodes), timeout=15,
+               message=lambda: f"a running tree of 4: {[(n.agent_id, n.status) for n in tree_of(db, posted.run_id)]}")
+    asked = time.monotonic()
+    with db.write() as s:
+        assert request_cancel(s, posted.run_id, requested_by="alice") == "cancelling"
+    nodes = tree_of(db, posted.run_id)
+    wait_terminal(db, [n.id for n in nodes], timeout=5)
+    assert time.monotonic() - asked < 2.0
+    for node in tree_of(db, posted.run_id):
+        assert node.status == "cancelled", node
+        terminal = assert_one_terminal_event(db, node.id)
+        assert terminal.type == "run.cancelled"
+        assert terminal.data["external_stop_confirmed"] is True
+        kinds = types(db, node.id)
+        assert kinds.count("run.cancelling") == 1
+        assert "run.completed" not in kinds and "run.failed" not in kinds
+    wait_until(lambda: executors.executors[0].active_run_ids == [], timeout=2)
+
+
+def test_a_queued_child_of_an_interrupted_parent_is_interrupted_by_the_reconciler(db, executors):
+    sleeper(db, "leaf", 30)
+    delegator(db, "boss", ["leaf", "leaf"])
+    posted = post(db, make_session(db, agent_id="boss"), "x")
+    executor = executors.start("solo", concurrency=1)
+    # one slot: the parent waits without it, the first child takes it, the second stays queued
+    wait_until(lambda: sorted(n.status for n in tree_of(db, posted.run_id))
+               == ["queued", "running", "running"], timeout=10)
+    ended = executor.stop()
+    assert sorted(ended) == sorted(n.id for n in tree_of(db, posted.run_id) if n.status != "queued")
+    queued = [n for n in tree_of(db, posted.run_id) if n.status == "queued"]
+    assert len(queued) == 1
+    assert reconcile_once(db).parent_terminal == 1
+    terminal = assert_one_terminal_event(db, queued[0].id)
+    assert terminal.data["reason"] == "parent_terminal"
+    assert "run.started" not in types(db, queued[0].id)
+    assert reconcile_once(db).parent_terminal == 0
+
+
+# --------------------------------------------------------------------------------------------
+# leases, heartbeats, shutdown, restart
+# --------------------------------------------------------------------------------------------
+
+
+def test_heartbeats_keep_a_long_step_alive(db, executors):
+    sleeper(db, "long", 5)
+    posted = post(db, make_session(db, agent_id="long"), "x")
+    executors.start("exec-a", lease_seconds=2, heartbeat_seconds=0.5)
+    first_lease = wait_until(lambda: run(db, posted.run_id).lease_expires_at, timeout=5)
+    # a reconciler runs the whole time and must find nothing to interrupt
+    stop = threading.Event()
+    interrupted = []
+
+    def reconcile():
+        while not stop.wait(0.3):
+            interrupted.append(reconcile_once(db).lease_expired)
+
+    thread = threading.Thread(target=reconcile)
+    thread.start()
+    try:
+        wait_terminal(db, posted.run_id, timeout=15)
+    finally:
+        stop.set()
+        thread.join()
+    assert status(db, posted.run_id) == "succeeded"
+    assert sum(interrupted) == 0 and len(interrupted) >= 10
+    row = run(db, posted.run_id)
+    assert (row.lease_expires_at - first_lease).total_seconds() >= 2.5  # it was renewed
+    assert "run.interrupted" not in types(db, posted.run_id)
+
+
+def test_an_expired_lease_ends_the_run_interrupted_and_the_executor_lets_go(db, executors):
+    # heartbeats far apart: the one-second lease expires while the agent sleeps
+    sleeper(db, "long", 2.5)
+    posted = post(db, make_session(db, agent_id="long"), "x")
+    executor = executors.start("exec-a", lease_seconds=1, heartbeat_seconds=60)
+    wait_for_status(db, posted.run_id, "running")
+    wait_until(lambda: reconcile_once(db).lease_expired, timeout=5)
+    terminal = assert_one_terminal_event(db, posted.run_id)
+    assert terminal.data["reason"] == "lease_expired"
+    assert terminal.data["executor_instance_id"] == "exec-a"
+    wait_until(lambda: executor.active_run_ids == [], timeout=5)
+    time.sleep(0.3)
+    # never re-run, never completed after the fact
+    kinds = types(db, posted.run_id)
+    assert kinds.count("run.started") == 1
+    assert kinds[-1] == "run.interrupted"
+
+
+def test_stop_interrupts_active_runs_with_executor_shutdown(db, executors):
+    sleeper(db, "long", 30)
+    session_id = make_session(db, agent_id="long")
+    held = [post(db, make_session(db, agent_id="long"), "x").run_id for _ in range(2)]
+    first = post(db, session_id, "first").run_id
+    waiting = post(db, session_id, "second").run_id  # same thread: stays queued
+    executor = executors.start("exec-a", concurrency=4)
+    wait_until(lambda: all(status(db, r) == "running" for r in [*held, first]), timeout=10)
+    began = time.monotonic()
+    ended = executor.stop()
+    assert time.monotonic() - began < 1.5  # prompt: no waiting out a polling period
+    assert sorted(ended) == sorted([*held, first])
+    for run_id in ended:
+        terminal = assert_one_terminal_event(db, run_id)
+        assert terminal.data == {"reason": "executor_shutdown", "executor_instance_id": "exec-a"}
+    assert status(db, waiting) == "queued"
+    wait_until(lambda: executor.active_run_ids == [], timeout=3)
+    snapshot = {r: len(events(db, r)) for r in [*held, first, waiting]}
+    time.sleep(0.5)
+    assert {r: len(events(db, r)) for r in snapshot} == snapshot  # nothing written after stop
+    # another executor picks up what was still queued
+    executors.start("exec-b")
+    assert wait_for_status(db, waiting, "running", timeout=10)
+    assert run(db, waiting).executor_instance_id == "exec-b"
+
+
+def test_start_with_the_same_instance_id_interrupts_what_it_left(db, executors):
+    sleeper(db, "long", 30)
+    make_agent(db, "echo")
+    # a previous incarnation of "exec-a" claimed two runs and died without a word
+    left = [post(db, make_session(db, agent_id="long"), "x").run_id for _ in range(2)]
+    others = post(db, make_session(db, agent_id="long"), "y").run_id
+    claimed = claim(db, "exec-a", max_runs=2, lease_seconds=60)
+    assert sorted(c.run_id for c in claimed) == sorted(left)
+    claim(db, "exec-other", max_runs=1, lease_seconds=60)
+    fresh = post(db, make_session(db), "new work").run_id
+
+    executor = executors.create("exec-a")
+    leftovers = executor.start()
+    assert sorted(leftovers) == sorted(left)
+    for run_id in left:
+        terminal = assert_one_terminal_event(db, run_id)
+        assert terminal.data == {"reason": "service_restart", "executor_instance_id": "exec-a"}
+        assert types(db, run_id).count("run.started") == 1  # interrupted, never re-run
+    assert status(db, others) == "running"  # another instance's run is not touched
+    assert wait_for_status(db, fresh, "succeeded")
+
+
+def test_a_run_ended_elsewhere_is_dropped_without_another_write(db, executors):
+    sleeper(db, "long", 30)
+    posted = post(db, make_session(db, agent_id="long"), "x")
+    executor = executors.start("exec-a")
+    wait_until(lambda: "message.delta" in types(db, posted.run_id), timeout=10)
+    with db.write() as s:  # e.g. an operator's tool, or another reconciler
+        interrupt_executor_runs(s, "exec-a", reason="service_restart")
+    wait_until(lambda: executor.active_run_ids == [], timeout=3)
+    assert_one_terminal_event(db, posted.run_id)
+    assert types(db, posted.run_id)[-1] == "run.interrupted"
