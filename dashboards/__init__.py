@@ -1,0 +1,76 @@
+"""The dashboards of CONTRACT §6: a Dash multi-page app mounted on the agentledger Flask server.
+
+``mount_dashboards(server)`` installs the login guard (``dashboards.access``) for every non-API
+path, creates the Dash app on the same server (pages under ``dashboards/pages``, one theme,
+debug tools off) and registers the pages' callbacks. Pages hold layout and callbacks only: they
+parse inputs, call ``queries``, and hand plain data to ``dashboards.figures``. Nothing here
+imports the write path or a database driver (an import-linter contract checks it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import dash
+import dash_bootstrap_components as dbc
+from dash import Dash, html
+from flask import Flask, has_request_context
+
+from agentledger.api.auth import current_principal
+from dashboards import access, registry
+from dashboards.components import navbar
+
+ASSETS = Path(__file__).parent / "assets"
+_pages_loaded = False
+
+
+def _load_pages() -> None:
+    """Import every page module once per process (each registers itself with Dash)."""
+    global _pages_loaded
+    if _pages_loaded:
+        return
+    from dashboards import pages
+
+    for module in pkgutil.iter_modules(pages.__path__):
+        importlib.import_module(f"dashboards.pages.{module.name}")
+    _pages_loaded = True
+
+
+def shell() -> html.Div:
+    """The frame around every page: the nav bar (with who is logged in) and the page."""
+    principal = current_principal() if has_request_context() else None
+    return html.Div([
+        navbar(principal.owner_id if principal else None, principal.role if principal else None),
+        dbc.Container(dash.page_container, fluid=True, className="pb-5"),
+    ])
+
+
+def mount_dashboards(server: Flask) -> Dash:
+    # The guard goes first, so no Dash hook or view runs for a caller who may not see them.
+    server.before_request(access.guard)
+    app = Dash(
+        "dashboards",
+        server=server,
+        url_base_pathname="/",
+        use_pages=True,
+        pages_folder="",  # page modules are imported by _load_pages, once per process
+        assets_folder=str(ASSETS),
+        title="agentledger",
+        update_title=None,
+        serve_locally=True,
+        use_async=False,
+        suppress_callback_exceptions=False,
+    )
+    # Production settings whatever DASH_* variables say: no debug UI or props check, no hot
+    # reload, and no call home to check for a newer Dash.
+    app.enable_dev_tools(debug=False, dev_tools_ui=False, dev_tools_props_check=False,
+                         dev_tools_serve_dev_bundles=False, dev_tools_hot_reload=False,
+                         dev_tools_silence_routes_logging=False,
+                         dev_tools_disable_version_check=True, dev_tools_prune_errors=True)
+    _load_pages()
+    registry.register_all(app)
+    app.layout = shell
+    server.extensions["agentledger_dash"] = app
+    return app

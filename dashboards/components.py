@@ -1,0 +1,312 @@
+"""Layout pieces every page uses: navigation, time-window picker, pager, grids, empty states.
+
+Agent output is always rendered as text (``html.Pre``, grid cells, ``dcc.Markdown`` never): what
+an agent wrote is data, not markup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+import dash_ag_grid as dag
+import dash_bootstrap_components as dbc
+from dash import ctx, dcc, html, no_update
+from flask import current_app
+
+from dashboards import params
+from dashboards.figures import STATUS_COLORS
+
+PAGE_SIZE = 50
+NAV = (
+    ("/", "Overview", "exact"),
+    ("/messages", "Messages", "partial"),
+    ("/runs", "Runs", "partial"),
+    ("/timeline", "Timeline", "exact"),
+    ("/interrupted", "Interrupted", "exact"),
+    ("/leases", "Leases", "exact"),
+    ("/agents", "Agents", "exact"),
+)
+_LINKABLE = re.compile(r"^[a-z]+_[0-9a-z]+$")
+
+
+def read() -> AbstractContextManager:
+    """A read-only database transaction of this app (``with read() as s: queries.…(s, …)``)."""
+    return current_app.extensions["agentledger"].db.read()
+
+
+# --- formatting ----------------------------------------------------------------------------------
+
+def when(value: str | None) -> str:
+    """An ISO time as ``2026-11-29 18:37:46 UTC`` ('' for None)."""
+    if not value:
+        return ""
+    moment = datetime.fromisoformat(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value < 120:
+        return f"{value:.2f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f}%"
+
+
+def link_cell(kind: str, identifier: str | None) -> str:
+    """Markdown for a grid cell linking to ``/<kind>/<id>``; only server-made ids become links."""
+    if not identifier:
+        return ""
+    if not _LINKABLE.match(identifier):
+        return identifier.replace("[", "").replace("]", "")
+    return f"[{identifier}](/{kind}/{identifier})"
+
+
+# --- pieces --------------------------------------------------------------------------------------
+
+def navbar(owner: str | None, role: str | None) -> dbc.Navbar:
+    links = [dbc.NavItem(dbc.NavLink(label, href=href, active=match)) for href, label, match in NAV]
+    who = html.Span(f"{owner} · {role}", className="navbar-text text-light me-3") if owner else None
+    return dbc.Navbar(
+        dbc.Container([
+            dbc.NavbarBrand("agentledger", href="/"),
+            dbc.Nav(links, navbar=True, className="me-auto"),
+            html.Div([who, html.A("Log out", href="/logout", className="btn btn-outline-light btn-sm")],
+                     className="d-flex align-items-center"),
+        ], fluid=True),
+        color="dark", dark=True, className="mb-3",
+    )
+
+
+def page_header(title: str, subtitle: str | None = None, *extra) -> html.Div:
+    return html.Div(
+        [html.H3(title, className="mb-0"),
+         html.P(subtitle, className="text-muted mb-0") if subtitle else None, *extra],
+        className="mb-3",
+    )
+
+
+def empty_state(title: str, explanation: str, id: str | None = None) -> dbc.Alert:
+    kwargs = {"id": id} if id else {}
+    return dbc.Alert([html.H5(title, className="alert-heading"), html.P(explanation, className="mb-0")],
+                     color="light", className="border", **kwargs)
+
+
+def hidden_if(condition: bool) -> dict[str, str]:
+    return {"display": "none"} if condition else {}
+
+
+def kpi(label: str, value: Any, *, color: str = "dark", id: str | None = None) -> dbc.Card:
+    body = html.Div(str(value), className=f"fs-3 fw-semibold text-{color}", **({"id": id} if id else {}))
+    return dbc.Card(dbc.CardBody([html.Div(label, className="text-muted small"), body]),
+                    className="h-100")
+
+
+def kpi_row(cards: list) -> dbc.Row:
+    return dbc.Row([dbc.Col(c, xs=6, md=4, xl=2, className="mb-2") for c in cards], className="g-2 mb-3")
+
+
+def status_badge(status: str) -> html.Span:
+    return html.Span(status, className="badge",
+                     style={"backgroundColor": STATUS_COLORS.get(status, "#6c757d")})
+
+
+def fact(label: str, value: Any) -> html.Tr:
+    return html.Tr([html.Th(label, className="text-muted fw-normal pe-3", style={"width": "10rem"}),
+                    html.Td(value)])
+
+
+def facts(rows: list[html.Tr]) -> dbc.Table:
+    """A two-column label / value table."""
+    return dbc.Table(html.Tbody(rows), size="sm", borderless=True, className="mb-2")
+
+
+def json_block(value: Any) -> html.Pre:
+    """Any JSON value, pretty-printed as plain text."""
+    return html.Pre(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+                    className="bg-light border rounded p-2 small mb-0",
+                    style={"maxHeight": "24rem", "whiteSpace": "pre-wrap", "wordBreak": "break-word"})
+
+
+def events_table(events: list[dict], last_seq: int) -> html.Div:
+    """A run's events as text (their data is JSON, possibly agent output)."""
+    if not events:
+        return empty_state("No events", "This run has no events yet.")
+    body = [
+        html.Tr([html.Td(e["seq"]), html.Td(html.Code(e["type"])), html.Td(when(e["created_at"])),
+                 html.Td(html.Pre(json.dumps(e["data"], ensure_ascii=False, sort_keys=True),
+                                  className="mb-0 small",
+                                  style={"whiteSpace": "pre-wrap", "wordBreak": "break-word"}))])
+        for e in events
+    ]
+    note = None
+    if last_seq > len(events):
+        note = html.P(f"Showing the first {len(events)} of {last_seq} events "
+                      "(the API pages through the rest).", className="small text-muted")
+    return html.Div([
+        dbc.Table([html.Thead(html.Tr([html.Th("#"), html.Th("Type"), html.Th("At"),
+                                       html.Th("Data")])),
+                   html.Tbody(body)], size="sm", hover=True, responsive=True, className="mb-1"),
+        note,
+    ])
+
+
+def text_block(value: str) -> html.Pre:
+    """Agent or user text, shown verbatim (wrapped), never interpreted."""
+    return html.Pre(value, className="bg-light border rounded p-3 mb-0",
+                    style={"whiteSpace": "pre-wrap", "wordBreak": "break-word"})
+
+
+def loading(children, id: str | None = None) -> dcc.Loading:
+    kwargs = {"id": id} if id else {}
+    return dcc.Loading(children, type="default", delay_show=250, **kwargs)
+
+
+def window_picker(prefix: str, key: str, since: str | None, until: str | None) -> dbc.Row:
+    """Preset windows plus a custom date range (shown when 'Custom dates…' is picked)."""
+    return dbc.Row([
+        dbc.Col(dbc.Select(
+            id=f"{prefix}-window",
+            options=[{"label": label, "value": value}
+                     for value, (label, _) in params.WINDOW_CHOICES.items()],
+            value=key,
+        ), width="auto"),
+        dbc.Col(dcc.DatePickerRange(
+            id=f"{prefix}-dates", start_date=since, end_date=until, display_format="YYYY-MM-DD",
+            clearable=True, start_date_placeholder_text="from", end_date_placeholder_text="to",
+        ), width="auto", id=f"{prefix}-dates-col", style=hidden_if(key != "custom")),
+    ], className="g-2 align-items-center")
+
+
+def labelled(label: str, control) -> html.Div:
+    return html.Div([dbc.Label(label, className="small text-muted mb-1"), control])
+
+
+def grid(id: str, columns: list[dict[str, Any]], *, height: str | None = None,
+         **extra: Any) -> dag.AgGrid:
+    """A read-only grid showing one server-side page; cells are text unless a column says
+    ``cellRenderer: markdown`` (used only for the id links that ``link_cell`` builds)."""
+    options: dict[str, Any] = {"suppressCellFocus": True, "enableCellTextSelection": True}
+    style: dict[str, Any] = {"height": height} if height else {}
+    if height is None:
+        options["domLayout"] = "autoHeight"
+    return dag.AgGrid(
+        id=id,
+        columnDefs=columns,
+        rowData=extra.pop("rowData", []),
+        defaultColDef={"resizable": True, "sortable": False, "filter": False, "width": 120},
+        dashGridOptions=options,
+        style=style,
+        className="ag-theme-alpine",
+        **extra,
+    )
+
+
+def link_column(field: str, header: str, **extra) -> dict[str, Any]:
+    return {"field": field, "headerName": header, "cellRenderer": "markdown", "width": 245,
+            **extra}
+
+
+def status_column(field: str = "status", header: str = "Status") -> dict[str, Any]:
+    """A status column, each status in its colour."""
+    return {"field": field, "headerName": header, "width": 115, "cellStyle": {"styleConditions": [
+        {"condition": f"params.value == '{status}'",
+         "style": {"color": color, "fontWeight": 600 if status in ("failed", "interrupted") else 400}}
+        for status, color in STATUS_COLORS.items()]}}
+
+
+# --- server-side paging with keyset cursors -------------------------------------------------------
+
+def pager(prefix: str) -> html.Div:
+    return html.Div([
+        dcc.Store(id=f"{prefix}-pager", data=new_pager()),
+        dbc.ButtonGroup([
+            dbc.Button("← Newer", id=f"{prefix}-prev", color="secondary", outline=True, size="sm",
+                       disabled=True),
+            dbc.Button("Older →", id=f"{prefix}-next", color="secondary", outline=True, size="sm",
+                       disabled=True),
+        ], className="me-2"),
+        html.Span(id=f"{prefix}-page-label", className="text-muted small"),
+    ], className="d-flex align-items-center my-2")
+
+
+def new_pager() -> dict[str, Any]:
+    return {"cursors": [None], "page": 0, "next": None}
+
+
+def pager_step(state: dict[str, Any] | None, trigger: str | None, prefix: str) -> dict[str, Any]:
+    """The pager after a click (``<prefix>-next`` / ``<prefix>-prev``); anything else (a
+    filter change, the first load) starts again at the first page."""
+    state = dict(state or new_pager())
+    if trigger == f"{prefix}-next" and state.get("next"):
+        page = state["page"] + 1
+        return {"cursors": state["cursors"][:page] + [state["next"]], "page": page, "next": None}
+    if trigger == f"{prefix}-prev" and state.get("page", 0) > 0:
+        return {"cursors": state["cursors"], "page": state["page"] - 1, "next": None}
+    if trigger in (f"{prefix}-next", f"{prefix}-prev"):
+        return {**state, "next": None}
+    return new_pager()
+
+
+def pager_view(state: dict[str, Any], shown: int, next_cursor: str | None,
+               page_size: int | None = None):
+    """(store data, newer disabled, older disabled, label) once a page has been read."""
+    state = {**state, "next": next_cursor}
+    first = state["page"] * (page_size or PAGE_SIZE) + 1
+    label = f"rows {first}–{first + shown - 1}" if shown else "no rows"
+    if next_cursor:
+        label += " · more below"
+    return state, state["page"] == 0, not next_cursor, label
+
+
+# --- filters in the URL ----------------------------------------------------------------------------
+
+def window_params(key: str, since: str | None, until: str | None) -> dict[str, Any]:
+    custom = key == "custom"
+    return {"window": key, "since": since if custom else None, "until": until if custom else None}
+
+
+def url_search(values: dict[str, Any], defaults: dict[str, Any], current: str | None):
+    """The page's canonical query string after a user changed a filter (pushed to the browser's
+    history, so the link can be shared); ``no_update`` on the first load or when unchanged."""
+    search = params.query_string(values, defaults)
+    if ctx.triggered_id is None or search == (current or ""):
+        return no_update
+    return search
+
+
+def agent_options() -> list[dict[str, str]]:
+    """Registered agents for a filter drop-down (current name, id)."""
+    from queries.agents_catalog import list_agents
+
+    with read() as s:
+        agents = list_agents(s, limit=500).items
+    return [{"label": f"{a['name']} ({a['id']})", "value": a["id"]} for a in agents]
+
+
+def agent_dropdown(id: str, value: str | None, placeholder: str = "any agent") -> dcc.Dropdown:
+    return dcc.Dropdown(id=id, value=value, placeholder=placeholder, clearable=True,
+                        options=[{"label": value, "value": value}] if value else [],
+                        style={"minWidth": "14rem"})
+
+
+ANY = "any"
+STATUS_FILTER_OPTIONS = [{"label": "any status", "value": ANY}] + [
+    {"label": s, "value": s}
+    for s in ("queued", "running", "cancelling", "succeeded", "failed", "cancelled", "interrupted")
+]
+
+
+def duration(start: str | None, end: str | None) -> str:
+    if not start or not end:
+        return ""
+    return seconds((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())

@@ -1,0 +1,1 @@
+"""One module per dashboard page; each registers itself with ``dash.register_page``."""

@@ -1,0 +1,239 @@
+"""``/agents``: outcomes per agent and per version (counts and rates by terminal status, latency
+percentiles, queue wait, tokens and cost, trend per day), and two versions of one agent side by
+side with what changed in their definition."""
+
+from __future__ import annotations
+
+import dash
+import dash_bootstrap_components as dbc
+from dash import Input, Output, State, ctx, dcc, html
+
+from dashboards import components as ui
+from dashboards import figures, params
+from dashboards.registry import callback
+from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.agents_catalog import get_agent, list_agents
+from queries.provenance import diff_agent_versions
+
+P = "agents"
+DEFAULT_WINDOW = "30d"
+OUTCOME_COLUMNS = [
+    {"field": "label", "headerName": "Agent", "width": 225, "pinned": "left"},
+    {"field": "runs", "headerName": "Runs", "width": 75},
+    {"field": "succeeded", "headerName": "Succeeded", "width": 105},
+    {"field": "failed", "headerName": "Failed", "width": 80},
+    {"field": "interrupted", "headerName": "Interrupted", "width": 105},
+    {"field": "cancelled", "headerName": "Cancelled", "width": 95},
+    {"field": "p50", "headerName": "Latency p50", "width": 110},
+    {"field": "p95", "headerName": "p95", "width": 90},
+    {"field": "p99", "headerName": "p99", "width": 90},
+    {"field": "wait", "headerName": "Queue wait p50", "width": 130},
+    {"field": "tokens", "headerName": "Tokens in / out", "width": 150},
+    {"field": "cost", "headerName": "Cost", "flex": 1, "minWidth": 90},
+]
+METRICS = (
+    ("Runs", "runs", str),
+    ("Finished", "finished", str),
+    ("Succeeded", ("rates", "succeeded"), ui.percent),
+    ("Failed", ("rates", "failed"), ui.percent),
+    ("Interrupted", ("rates", "interrupted"), ui.percent),
+    ("Cancelled", ("rates", "cancelled"), ui.percent),
+    ("Latency p50", "latency_p50", ui.seconds),
+    ("Latency p95", "latency_p95", ui.seconds),
+    ("Latency p99", "latency_p99", ui.seconds),
+    ("Queue wait p50", "queue_wait_p50", ui.seconds),
+    ("Queue wait p95", "queue_wait_p95", ui.seconds),
+    ("Input tokens", "input_tokens", lambda v: f"{v:,}"),
+    ("Output tokens", "output_tokens", lambda v: f"{v:,}"),
+    ("Cost", "cost_usd", lambda v: f"${v:,.4f}"),
+)
+
+
+def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_):
+    key = params.window_key(window, DEFAULT_WINDOW)
+    version = {"low": 1, "high": 1_000_000}
+    return html.Div([
+        dcc.Location(id=f"{P}-url", refresh=False),
+        ui.page_header("Agents", "How each agent and each of its versions turned out, for runs "
+                       "created in the window. A run counts under the version frozen in its "
+                       "snapshot."),
+        dbc.Row([
+            dbc.Col(ui.labelled("Created", ui.window_picker(P, key, since, until)), md=4),
+        ], className="g-2 mb-3"),
+        ui.loading(html.Div([
+            html.Div(id=f"{P}-note", className="small text-muted mb-1"),
+            ui.grid(f"{P}-all", OUTCOME_COLUMNS),
+        ])),
+        html.Hr(),
+        dbc.Row([
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent),
+                                                           placeholder="pick an agent")), md=4),
+            dbc.Col(ui.labelled("Compare version", dbc.Select(
+                id=f"{P}-a", value=str(params.integer(a, None, **version) or ""), options=[])), md=2),
+            dbc.Col(ui.labelled("with version", dbc.Select(
+                id=f"{P}-b", value=str(params.integer(b, None, **version) or ""), options=[])), md=2),
+        ], className="g-2 mb-3"),
+        ui.loading(html.Div(id=f"{P}-detail")),
+    ])
+
+
+def _version_options(agent_id: str | None) -> list[dict]:
+    if not agent_id:
+        return []
+    with ui.read() as s:
+        found = get_agent(s, agent_id)
+    if found is None:
+        return []
+    return [{"label": f"v{v['version']} · {v['name']} · {v['model'] or v['kind']}",
+             "value": str(v["version"])} for v in found["versions"]]
+
+
+@callback(
+    Output(f"{P}-agent", "options"),
+    Output(f"{P}-agent", "value"),
+    Output(f"{P}-a", "options"),
+    Output(f"{P}-a", "value"),
+    Output(f"{P}-b", "options"),
+    Output(f"{P}-b", "value"),
+    Input(f"{P}-agent", "value"),
+    State(f"{P}-a", "value"),
+    State(f"{P}-b", "value"),
+)
+def pick_agent(agent_id, a, b):
+    options = ui.agent_options()
+    if not agent_id:
+        # Open on an agent that has versions to compare.
+        with ui.read() as s:
+            agents = list_agents(s, limit=500).items
+        several = [x["id"] for x in agents if x["version"] > 1]
+        agent_id = (several or [x["id"] for x in agents] or [None])[0]
+    versions = _version_options(agent_id)
+    known = [v["value"] for v in versions]
+    if ctx.triggered_id == f"{P}-agent" or a not in known or b not in known:
+        b = known[-1] if known else ""
+        a = known[-2] if len(known) > 1 else b
+    return options, agent_id, versions, a, versions, b
+
+
+def _row(outcome: dict, label: str) -> dict:
+    rates = outcome["rates"]
+    return {
+        "label": label, "runs": outcome["runs"],
+        **{s: ui.percent(rates[s]) for s in ("succeeded", "failed", "interrupted", "cancelled")},
+        "p50": ui.seconds(outcome["latency_p50"]), "p95": ui.seconds(outcome["latency_p95"]),
+        "p99": ui.seconds(outcome["latency_p99"]), "wait": ui.seconds(outcome["queue_wait_p50"]),
+        "tokens": f"{outcome['input_tokens']:,} / {outcome['output_tokens']:,}",
+        "cost": f"${outcome['cost_usd']:,.4f}",
+    }
+
+
+def _metric(outcome: dict | None, key) -> object:
+    if outcome is None:
+        return None
+    if isinstance(key, tuple):
+        return outcome[key[0]][key[1]]
+    return outcome[key]
+
+
+def _side_by_side(agent_id: str, a: int, b: int, va: dict | None, vb: dict | None, diff: dict | None):
+    def fmt(outcome, key, show):
+        value = _metric(outcome, key)
+        return "–" if value is None else show(value)
+
+    rows = [html.Tr([html.Th(label, className="fw-normal text-muted"), html.Td(fmt(va, key, show)),
+                     html.Td(fmt(vb, key, show))]) for label, key, show in METRICS]
+    head = html.Thead(html.Tr([html.Th("Metric"),
+                               html.Th(f"v{a} {va['name'] if va else ''}", id=f"{P}-col-a"),
+                               html.Th(f"v{b} {vb['name'] if vb else ''}", id=f"{P}-col-b")]))
+    if diff is None:
+        changes = html.P("Pick two existing versions to compare their definitions.")
+    elif diff["same_definition"]:
+        changes = html.P("The two versions have the same definition.", className="mb-0")
+    else:
+        changes = dbc.Table(
+            [html.Thead(html.Tr([html.Th("Field"), html.Th(f"v{a}"), html.Th(f"v{b}")])),
+             html.Tbody([html.Tr([html.Td(c["field"]), html.Td(ui.json_block(c["before"])),
+                                  html.Td(ui.json_block(c["after"]))])
+                         for c in diff["changes"] if c["field"] != "version"])],
+            size="sm", responsive=True, className="mb-0")
+    missing = [f"v{v}" for v, o in ((a, va), (b, vb)) if o is None]
+    return dbc.Row([
+        dbc.Col(dbc.Card([
+            dbc.CardHeader(f"{agent_id}: v{a} and v{b} side by side"),
+            dbc.CardBody([
+                html.P(f"No runs of {', '.join(missing)} were created in this window.",
+                       className="small text-muted") if missing else None,
+                dbc.Table([head, html.Tbody(rows)], size="sm", striped=True, className="mb-0"),
+            ]),
+        ]), lg=6, className="mb-3"),
+        dbc.Col(dbc.Card([dbc.CardHeader("What changed in the definition"), dbc.CardBody(changes)]),
+                lg=6, className="mb-3"),
+    ])
+
+
+@callback(
+    Output(f"{P}-all", "rowData"),
+    Output(f"{P}-note", "children"),
+    Output(f"{P}-detail", "children"),
+    Output(f"{P}-url", "search"),
+    Output(f"{P}-dates-col", "style"),
+    Input(f"{P}-window", "value"),
+    Input(f"{P}-dates", "start_date"),
+    Input(f"{P}-dates", "end_date"),
+    Input(f"{P}-agent", "value"),
+    Input(f"{P}-a", "value"),
+    Input(f"{P}-b", "value"),
+    State(f"{P}-url", "search"),
+)
+def outcomes(window, since, until, agent_id, a, b, current_search):
+    key = params.window_key(window, DEFAULT_WINDOW)
+    window_ = params.resolve_window(key, since, until)
+    agent_id = params.identifier(agent_id)
+    a = params.integer(a, None, low=1, high=1_000_000)
+    b = params.integer(b, None, low=1, high=1_000_000)
+    with ui.read() as s:
+        found = agent_outcomes(s, window_)
+        trend = outcome_trend(s, window_, agent_id=agent_id) if agent_id else None
+        diff = diff_agent_versions(s, agent_id, a, b) if agent_id and a and b else None
+    described = params.describe_window(key, since, until)
+    rows = [_row(o.as_dict(), f"{o.name} ({o.agent_id})") for o in found.agents]
+    note = (f"{len(rows)} agents ran in {described}." if rows else
+            f"No agent ran in {described}. Widen the time window.")
+    if found.percentiles_truncated:
+        note += " Percentiles cover a bounded sample of the runs (SQLite)."
+    search = ui.url_search({"agent": agent_id, "a": a, "b": b, **ui.window_params(key, since, until)},
+                           {"window": DEFAULT_WINDOW}, current_search)
+    if not agent_id:
+        detail = ui.empty_state("Pick an agent", "Choose an agent above to see its versions.")
+        return rows, note, detail, search, ui.hidden_if(key != "custom")
+    versions = [v.as_dict() for v in found.versions_of(agent_id)]
+    va = next((v for v in versions if v["version"] == a), None)
+    vb = next((v for v in versions if v["version"] == b), None)
+    if not versions:
+        charts = ui.empty_state("No runs", f"{agent_id} ran no run created in {described}.")
+    else:
+        charts = html.Div([
+            ui.grid(f"{P}-versions", OUTCOME_COLUMNS,
+                    rowData=[_row(v, f"v{v['version']} {v['name']}") for v in versions]),
+            dbc.Row([
+                dbc.Col(dbc.Card([dbc.CardHeader("Terminal status by version"), dbc.CardBody(
+                    dcc.Graph(figure=figures.outcome_rates(versions), config={"displaylogo": False}))]),
+                    lg=6, className="my-3"),
+                dbc.Col(dbc.Card([dbc.CardHeader("Latency percentiles by version"), dbc.CardBody(
+                    dcc.Graph(figure=figures.latency_percentiles(versions),
+                              config={"displaylogo": False}))]), lg=6, className="my-3"),
+            ]),
+        ])
+    detail = html.Div([
+        _side_by_side(agent_id, a, b, va, vb, diff) if a and b else None,
+        html.H5(f"Versions of {agent_id}"),
+        charts,
+        dbc.Card([dbc.CardHeader(f"Runs of {agent_id} per day, by status"), dbc.CardBody(
+            dcc.Graph(figure=figures.status_over_time(trend.rows, trend.bucket_seconds),
+                      config={"displaylogo": False}))]),
+    ])
+    return rows, note, detail, search, ui.hidden_if(key != "custom")
+
+
+dash.register_page(__name__, path="/agents", name="Agents", title="agentledger · agents",
+                   order=8, layout=layout)

@@ -1,0 +1,123 @@
+"""Who may open the dashboards (CONTRACT §6): pages and every Dash endpoint need a login with role
+viewer or admin; callbacks are protected exactly like pages; the API keeps its own answers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from dashboard_helpers import dash_request, logged_in, make_app, tokens
+
+PAGES = ("/", "/messages", "/messages/msg_x", "/runs", "/runs/run_x", "/timeline", "/interrupted",
+         "/leases", "/agents")
+DASH_ENDPOINTS = (("GET", "/_dash-layout"), ("GET", "/_dash-dependencies"),
+                  ("POST", "/_dash-update-component"), ("GET", "/_favicon.ico"),
+                  ("GET", "/assets/00-bootstrap-5.3.8.min.css"))
+CALLBACK = dash_request([("run-node", "children")],
+                        [("run-tree", "tapNodeData", None), ("run-id", "data", "run_x")],
+                        changed=["run-id.data"])
+
+
+@pytest.fixture
+def app(db):
+    return make_app(db)
+
+
+@pytest.fixture
+def keys(db):
+    return tokens(db)
+
+
+@pytest.mark.parametrize("path", PAGES + ("/runs?status=failed&window=30d",))
+def test_anonymous_pages_redirect_to_login_with_next(app, path):
+    reply = app.test_client().get(path)
+    assert reply.status_code == 303
+    location = reply.headers["Location"]
+    assert location.startswith("/login?next=")
+    follow = app.test_client().get(location)
+    assert follow.status_code == 200 and b'name="next"' in follow.data
+    assert f'value="{path}"'.replace("&", "&amp;").encode() in follow.data
+
+
+@pytest.mark.parametrize("method, path", DASH_ENDPOINTS)
+def test_anonymous_dash_endpoints_are_refused_with_json(app, method, path):
+    with app.test_client().open(path, method=method,
+                                json=CALLBACK if method == "POST" else None) as reply:
+        assert reply.status_code == 401
+        assert reply.get_json() == {"error": {"code": "unauthenticated",
+                                              "message": "log in at /login to use the dashboards"}}
+
+
+def test_an_anonymous_callback_reveals_nothing(app, db):
+    reply = app.test_client().post("/_dash-update-component", json=CALLBACK)
+    assert reply.status_code == 401 and b"run-node" not in reply.data
+
+
+def test_a_bad_bearer_token_is_refused_too(app):
+    reply = app.test_client().post("/_dash-update-component", json=CALLBACK,
+                                   headers={"Authorization": "Bearer al_not-a-token"})
+    assert reply.status_code == 401
+
+
+@pytest.mark.parametrize("role", ["user", "executor"])
+def test_other_roles_get_403(app, keys, role):
+    client = logged_in(app, keys[role])
+    page = client.get("/runs")
+    assert page.status_code == 403 and b"viewer and admin" in page.data
+    assert b"Log out" in page.data
+    callback = client.post("/_dash-update-component", json=CALLBACK)
+    assert callback.status_code == 403
+    assert callback.get_json()["error"]["code"] == "forbidden"
+    bearer = app.test_client().get("/_dash-layout",
+                                   headers={"Authorization": f"Bearer {keys[role]}"})
+    assert bearer.status_code == 403
+
+
+@pytest.mark.parametrize("role", ["viewer", "admin"])
+def test_viewers_and_admins_get_every_page_and_endpoint(app, keys, role):
+    client = logged_in(app, keys[role])
+    for path in PAGES:
+        reply = client.get(path)
+        assert reply.status_code == 200, path
+        assert b"_dash-renderer" in reply.data or b"dash_renderer" in reply.data
+    for method, path in DASH_ENDPOINTS:
+        with client.open(path, method=method, json=CALLBACK if method == "POST" else None) as reply:
+            assert reply.status_code in (200, 204), (path, reply.status_code, reply.data[:200])
+
+
+def test_bearer_tokens_work_for_scripts(app, keys):
+    reply = app.test_client().get("/_dash-layout",
+                                  headers={"Authorization": f"Bearer {keys['viewer']}"})
+    assert reply.status_code == 200 and b"agentledger" in reply.data
+
+
+def test_logout_ends_the_dashboard_session(app, keys):
+    client = logged_in(app, keys["viewer"])
+    assert client.get("/").status_code == 200
+    client.get("/logout")
+    assert client.get("/").status_code == 303
+    assert client.post("/_dash-update-component", json=CALLBACK).status_code == 401
+
+
+def test_the_api_keeps_its_json_answers_next_to_the_dashboards(app, keys):
+    client = app.test_client()
+    missing = client.get("/api/no-such-route")
+    assert missing.status_code == 404
+    assert missing.get_json()["error"]["code"] == "not_found"
+    assert client.post("/api/no-such-route").status_code == 404
+    wrong = client.delete("/api/health")
+    assert wrong.status_code == 405 and wrong.get_json()["error"]["code"] == "method_not_allowed"
+    assert "GET" in wrong.headers["Allow"]
+    assert client.get("/api/health").status_code == 200
+    assert client.get("/api/agent-runs").status_code == 401  # the API's own authentication
+    assert client.get("/login").status_code == 200
+
+
+def test_debug_tools_are_off(app, keys):
+    page = logged_in(app, keys["viewer"]).get("/").data.decode()
+    config = json.loads(re.search(r'id="_dash-config" type="application/json">(.*?)</script>',
+                                  page).group(1))
+    assert config["ui"] is False and config["props_check"] is False
+    assert config["disable_version_check"] is True
+    assert "hot_reload" not in config

@@ -1,0 +1,365 @@
+"""The dashboards in a real headless Chromium against a real ``agentledger serve``.
+
+One server for the module: a SQLite file seeded with ``agentledger demo seed --runs 80 --seed 5``,
+served with its in-process worker, plus one long-running run started through the API so that
+/leases has a live lease. Each page must load after login with no SEVERE console message (a 5xx
+of any request shows up there too), show the facts of the seeded scenario (read back through the
+JSON API), and react to its filters; the server log must stay free of tracebacks.
+
+Set ``AGENTLEDGER_SCREENSHOTS=<dir>`` to also save a 1400x900 screenshot of each page there
+(``docs/screenshots`` is made that way).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT = 25
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason="needs Debian chromium and chromium-driver (.ci/run installs them)",
+)
+
+selenium = pytest.importorskip("selenium")
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).parent / "agentledger"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentledger.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    base: str
+    tokens: dict[str, str]
+    log: Path
+
+    def api(self, path: str, *, token: str = "admin", method: str = "GET", **kwargs):
+        reply = requests.request(method, self.base + path, timeout=10,
+                                 headers={"Authorization": f"Bearer {self.tokens[token]}",
+                                          **kwargs.pop("headers", {})}, **kwargs)
+        assert reply.status_code < 300, (path, reply.status_code, reply.text)
+        return reply.json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    work = tmp_path_factory.mktemp("browser")
+    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": f"sqlite:///{work / 'ledger.db'}",
+           "AGENTLEDGER_SECRET_KEY": "browser-tests", "PYTHONUNBUFFERED": "1"}
+    subprocess.run([*_command(), "demo", "seed", "--runs", "80", "--seed", "5"], env=env,
+                   check=True, capture_output=True, timeout=120)
+    tokens = {}
+    for role in ("viewer", "user", "admin"):
+        done = subprocess.run([*_command(), "token", "create", "--owner", f"{role}-1", "--role", role],
+                              env=env, check=True, capture_output=True, text=True, timeout=60)
+        tokens[role] = done.stdout.strip().splitlines()[-1]
+    port = _free_port()
+    log_path = work / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [*_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                assert server.poll() is None, log_path.read_text()
+                try:
+                    if requests.get(base + "/api/health", timeout=1).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.1)
+            yield Served(base, tokens, log_path)
+        finally:
+            try:
+                os.killpg(server.pid, signal.SIGTERM)
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+    text = log_path.read_text(errors="replace")
+    assert "Traceback" not in text, text[-4000:]
+
+
+@pytest.fixture(scope="module")
+def facts(served):
+    """What the seeded scenario holds, read through the JSON API (not through the dashboards)."""
+    runs = served.api("/api/agent-runs?limit=500")["items"]
+    roots = Counter(r["root_run_id"] for r in runs)
+    biggest, size = roots.most_common(1)[0]
+    interrupted = [r for r in runs if r["status"] == "interrupted"]
+    answered = next(r for r in runs if r["final_message_id"] and r["parent_run_id"] is None)
+    answer = served.api(f"/api/messages/{answered['final_message_id']}/provenance")
+    agents = served.api("/api/agents")["items"]
+    # A run that keeps its lease while the tests look at /leases.
+    served.api("/api/agents", method="POST", json={
+        "id": "slow-bot", "name": "Slow Bot", "kind": "scripted",
+        "params": {"steps": [{"say": "thinking about {input}"}, {"sleep": 600}]}})
+    chat = served.api("/api/sessions", method="POST", json={"agent_id": "slow-bot"})
+    slow = served.api(f"/api/sessions/{chat['id']}/messages", method="POST",
+                      json={"content": "take your time"}, headers={"Idempotency-Key": "slow-1"})
+    deadline = time.monotonic() + 20
+    while served.api(f"/api/agent-runs/{slow['run_id']}")["status"] != "running":
+        assert time.monotonic() < deadline, "the in-process worker did not claim the slow run"
+        time.sleep(0.2)
+    return {"tree_root": biggest, "tree_size": size, "interrupted": interrupted,
+            "answer": answer, "agents": agents, "slow_run": slow["run_id"]}
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="agentledger-chromium-")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        # A 1400x900 viewport (the window's own frame takes some of its outer size).
+        driver.set_window_size(1400, 900)
+        inner_w, inner_h = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+        driver.set_window_size(1400 + 1400 - inner_w, 900 + 900 - inner_h)
+        driver.get(f"{served.base}/login?token={served.tokens['viewer']}")
+        WebDriverWait(driver, WAIT).until(lambda d: "agentledger" in d.title)
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def body_text(driver) -> str:
+    try:
+        return driver.find_element(By.TAG_NAME, "body").text
+    except WebDriverException:
+        return ""
+
+
+def wait_for_text(driver, *needles: str, timeout: float = WAIT) -> str:
+    WebDriverWait(driver, timeout).until(lambda d: all(n in body_text(d) for n in needles))
+    return body_text(driver)
+
+
+def wait_idle(driver) -> None:
+    """Until no Dash callback is in flight (the renderer marks the document while one is)."""
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
+        "return !document.querySelector('[data-dash-is-loading=\"true\"]')"))
+
+
+def severe_messages(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def open_page(driver, served, path: str) -> None:
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get(served.base + path)
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.ID, "_pages_content"))
+
+
+def finish_page(driver, name: str) -> None:
+    wait_idle(driver)
+    assert severe_messages(driver) == []
+    target = os.environ.get("AGENTLEDGER_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        time.sleep(0.8)  # let charts finish their transitions
+        driver.save_screenshot(str(Path(target) / f"{name}.png"))
+
+
+def grid_column(driver, grid_id: str, column: str) -> list[str]:
+    cells = driver.find_elements(By.CSS_SELECTOR, f"#{grid_id} .ag-center-cols-container "
+                                                  f"[col-id='{column}']")
+    return [c.text for c in cells]
+
+
+# --- access ----------------------------------------------------------------------------------
+
+
+def test_anonymous_browsers_are_sent_to_login(served):
+    reply = requests.get(served.base + "/interrupted?window=30d", allow_redirects=False, timeout=10)
+    assert reply.status_code == 303
+    assert reply.headers["Location"] == "/login?next=/interrupted%3Fwindow%3D30d"
+
+
+def test_a_callback_without_login_is_refused(served):
+    body = {"output": "run-node.children", "outputs": {"id": "run-node", "property": "children"},
+            "inputs": [{"id": "run-tree", "property": "tapNodeData", "value": None},
+                       {"id": "run-id", "property": "data", "value": "run_x"}],
+            "changedPropIds": ["run-id.data"], "state": []}
+    reply = requests.post(served.base + "/_dash-update-component", json=body, timeout=10)
+    assert reply.status_code == 401
+    assert reply.json()["error"]["code"] == "unauthenticated"
+    for path in ("/_dash-layout", "/_dash-dependencies"):
+        assert requests.get(served.base + path, timeout=10).status_code == 401
+
+
+def test_a_user_token_gets_403(served):
+    with requests.Session() as http:
+        login = http.get(f"{served.base}/login?token={served.tokens['user']}", timeout=10,
+                         allow_redirects=False)
+        assert login.status_code == 303  # the token is valid: the user is logged in
+        assert http.get(served.base + "/", timeout=10).status_code == 403
+        assert http.get(served.base + "/agents", timeout=10).status_code == 403
+        refused = http.post(served.base + "/_dash-update-component", json={}, timeout=10)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+def test_overview(browser, served, facts):
+    open_page(browser, served, "/?window=30d")
+    text = wait_for_text(browser, "Runs created", "Recent interruptions", "Queued and running now")
+    assert facts["slow_run"] in text  # the run that is running now
+    assert browser.find_elements(By.CSS_SELECTOR, "#overview-status-chart .bars path")
+    latest = max(facts["interrupted"], key=lambda r: r["finished_at"])
+    assert latest["id"] in text
+    finish_page(browser, "overview")
+
+
+def test_messages_search_filter_updates_the_page_and_the_url(browser, served, facts):
+    open_page(browser, served, "/messages")
+    wait_for_text(browser, "rows 1–50")
+    box = browser.find_element(By.ID, "messages-q")
+    box.send_keys("refund", Keys.ENTER)
+    WebDriverWait(browser, WAIT).until(lambda d: "q=refund" in d.current_url)
+    wait_idle(browser)
+    answers = grid_column(browser, "messages-grid", "content_preview")
+    assert answers and all("refund" in a.lower() for a in answers)
+    finish_page(browser, "messages")
+    # The URL is a shareable link: opening it restores the filter and the same rows.
+    open_page(browser, served, "/messages?q=refund")
+    wait_idle(browser)
+    assert browser.find_element(By.ID, "messages-q").get_attribute("value") == "refund"
+    assert grid_column(browser, "messages-grid", "content_preview") == answers
+
+
+def test_message_provenance(browser, served, facts):
+    answer = facts["answer"]
+    open_page(browser, served, f"/messages/{answer['message']['id']}")
+    text = wait_for_text(browser, "Produced by", "Agent execution snapshot", "Context pack snapshot")
+    assert answer["message"]["content"] in text
+    assert f"{answer['agent']['name']} version {answer['agent']['version']}" in text
+    assert answer["run"]["id"] in text and "open the whole tree" in text
+    assert "run.completed" in text
+    finish_page(browser, "message")
+
+
+def test_runs_status_filter(browser, served, facts):
+    open_page(browser, served, "/runs?window=30d")
+    wait_for_text(browser, "rows 1–50")
+    Select(browser.find_element(By.ID, "runs-status")).select_by_value("failed")
+    WebDriverWait(browser, WAIT).until(lambda d: "status=failed" in d.current_url)
+    wait_idle(browser)
+    WebDriverWait(browser, WAIT).until(
+        lambda d: set(grid_column(d, "runs-grid", "status")) == {"failed"})
+    finish_page(browser, "runs")
+
+
+def test_run_tree(browser, served, facts):
+    root = facts["tree_root"]
+    open_page(browser, served, f"/runs/{root}")
+    wait_for_text(browser, f"{facts['tree_size']} runs in this tree")
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#run-tree canvas"))
+    wait_for_text(browser, "run.queued")  # the opened run's events
+    # Click a child node on the canvas: its events and snapshots replace the root's.
+    tree = served.api(f"/api/agent-runs/{root}/tree")
+    child = tree["nodes"][-1]["run_id"]
+    finder = ("const el = [...document.querySelectorAll('#run-tree, #run-tree *')]"
+              ".find(e => e._cyreg && e._cyreg.cy); return el;")
+    container = WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(finder))
+    time.sleep(0.5)  # the layout settles
+    x, y, width, height = browser.execute_script(
+        "const el = arguments[0]; const n = el._cyreg.cy.getElementById(arguments[1]);"
+        "const p = n.renderedPosition(); return [p.x, p.y, el.clientWidth, el.clientHeight];",
+        container, child)
+    ActionChains(browser).move_to_element_with_offset(
+        container, int(x - width / 2), int(y - height / 2)).click().perform()
+    WebDriverWait(browser, WAIT).until(
+        lambda d: d.find_element(By.ID, "run-selected").text == child)
+    assert "Agent snapshot" in body_text(browser)
+    finish_page(browser, "run_tree")
+
+
+def test_timeline(browser, served, facts):
+    open_page(browser, served, "/timeline?window=30d&limit=50")
+    text = wait_for_text(browser, "Showing the 50 most recent of")
+    assert "ran → succeeded" in text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .bars path")) >= 50
+    Select(browser.find_element(By.ID, "timeline-status")).select_by_value("interrupted")
+    WebDriverWait(browser, WAIT).until(lambda d: "status=interrupted" in d.current_url)
+    wait_for_text(browser, f"{len(facts['interrupted'])} runs created in")
+    Select(browser.find_element(By.ID, "timeline-status")).select_by_value("any")
+    wait_for_text(browser, "Showing the 50 most recent of")
+    finish_page(browser, "timeline")
+
+
+def test_interrupted(browser, served, facts):
+    open_page(browser, served, "/interrupted?window=30d")
+    text = wait_for_text(browser, "Interrupted per day, by reason", "lease_expired")
+    for run in facts["interrupted"]:
+        assert run["id"] in text
+    Select(browser.find_element(By.ID, "interrupted-reason")).select_by_value("parent_terminal")
+    WebDriverWait(browser, WAIT).until(lambda d: "reason=parent_terminal" in d.current_url)
+    WebDriverWait(browser, WAIT).until(
+        lambda d: set(grid_column(d, "interrupted-grid", "reason")) == {"parent_terminal"})
+    finish_page(browser, "interrupted")
+
+
+def test_leases_refresh_and_highlight_leases_about_to_expire(browser, served, facts):
+    open_page(browser, served, "/leases?risk=45")
+    text = wait_for_text(browser, facts["slow_run"], "database clock")
+    assert "serve-" in text  # the in-process executor is a live executor
+    clock = browser.find_element(By.ID, "leases-clock").text
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "leases-clock").text != clock)
+    row = browser.find_element(By.CSS_SELECTOR, "#leases-leases .ag-center-cols-container .ag-row")
+    assert "rgb(248, 215, 218)" in row.get_attribute("style")  # at risk: under 45 s left
+    finish_page(browser, "leases")
+
+
+def test_agents_compares_two_versions(browser, served, facts):
+    open_page(browser, served, "/agents?window=30d&agent=support-bot&a=1&b=3")
+    names = {a["name"] for a in facts["agents"]} - {"Slow Bot"}
+    text = wait_for_text(browser, "support-bot: v1 and v3 side by side",
+                         "What changed in the definition")
+    for name in names:
+        assert name in text
+    assert "Support Bot Pro" in text and "gpt-4.1" in text
+    finish_page(browser, "agents")
