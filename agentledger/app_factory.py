@@ -22,7 +22,7 @@ def create_app(
     """Build the app. Background work (worker, reconciler) is started by ``server``, not here,
     so tests and WSGI servers can create apps freely."""
     settings = settings or Settings.from_env()
-    db = database or Database(settings.database_url)
+    db = database or Database.from_settings(settings)
     app = Flask("agentledger")
     app.config.update(
         SECRET_KEY=settings.resolved_secret_key(),

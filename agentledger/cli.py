@@ -11,7 +11,7 @@ from agentledger.config import Settings
 def _database(settings: Settings):
     from agentledger.database import Database
 
-    return Database(settings.database_url)
+    return Database.from_settings(settings)
 
 
 def cmd_db_upgrade(args, settings: Settings) -> int:

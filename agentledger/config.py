@@ -48,6 +48,8 @@ class Settings:
     sse_keepalive_seconds  AGENTLEDGER_SSE_KEEPALIVE_SECONDS  15 (idle SSE streams get a
                        ``: keep-alive`` comment at least this often)
     run_rate_limit     AGENTLEDGER_RUN_RATE_LIMIT      600 runs per owner per minute (0: off)
+    read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
+                       replica that ``queries`` read from
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -59,6 +61,7 @@ class Settings:
     sse_poll_seconds: float = 0.1
     sse_keepalive_seconds: float = 15.0
     run_rate_limit: int = 600
+    read_database_url: str | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -71,6 +74,7 @@ class Settings:
             secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
+            read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
         )
         return replace(settings, **overrides)
 

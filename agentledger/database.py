@@ -84,7 +84,13 @@ class Database:
             raise SystemExit(f"unsupported database {self.dialect!r}: use sqlite or postgresql")
         factory = _sqlite_engine if self.dialect == "sqlite" else _postgres_engine
         self.engine = factory(self.url, read_only=False)
-        self.read_engine = factory(normalize_url(read_url or self.url), read_only=True)
+        self.read_url = normalize_url(read_url) if read_url else None
+        self.read_engine = factory(self.read_url or self.url, read_only=True)
+        # Reads that must see this process's own latest commit (read-after-write) go to the
+        # primary even when a replica serves the other reads.
+        self.primary_read_engine = (
+            factory(self.url, read_only=True) if self.read_url else self.read_engine
+        )
         self._listeners: list[Callable[[str, str], None]] = []
 
     @property
@@ -110,13 +116,22 @@ class Database:
     def add_notification_listener(self, listener: Callable[[str, str], None]) -> None:
         self._listeners.append(listener)
 
+    @classmethod
+    def from_settings(cls, settings) -> Database:
+        return cls(settings.database_url, settings.read_database_url)
+
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        """A read-only transaction; anything that tries to write fails in the database."""
-        with Session(self.read_engine, autoflush=False) as session:
+    def read(self, *, primary: bool = False) -> Iterator[Session]:
+        """A read-only transaction (anything that tries to write fails in the database).
+
+        On the replica when one is configured, unless ``primary`` asks for read-after-write.
+        """
+        engine = self.primary_read_engine if primary else self.read_engine
+        with Session(engine, autoflush=False) as session:
             with session.begin():
                 yield session
 
     def dispose(self) -> None:
         self.engine.dispose()
         self.read_engine.dispose()
+        self.primary_read_engine.dispose()

@@ -188,7 +188,7 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
     rng = random.Random(seed)
     now = now or datetime.now(UTC)
     start = now - timedelta(days=days)
-    db = Database(settings.database_url)
+    db = Database.from_settings(settings)
     try:
         versions_due = _ensure_agents(db, start, days)
         moments = sorted(start + timedelta(seconds=rng.uniform(60, days * 86400 - 600))

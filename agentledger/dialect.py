@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Select, Table, text
+from sqlalchemy import Select, Table, func, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -77,3 +77,40 @@ def notify(session: Session, channel: str, payload: str) -> None:
     session.info.setdefault(PENDING_NOTIFICATIONS, []).append((channel, payload))
     if name(session) == "postgresql":
         session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+
+
+def upsert_adding(
+    session: Session,
+    table: Table,
+    key_columns: list[str],
+    rows: list[dict],
+    *,
+    least: tuple[str, ...] = (),
+    greatest: tuple[str, ...] = (),
+) -> None:
+    """Insert ``rows``, or add their values to the rows that exist, in one statement.
+
+    Every column that is neither a key nor named in ``least``/``greatest`` is a counter: on
+    conflict it becomes ``existing + new``. ``least``/``greatest`` columns keep the smaller /
+    larger of the two (NULL meaning "none yet"). All rows must have the same columns and
+    distinct keys. The row lock the upsert takes serialises concurrent writers of one key.
+    """
+    if not rows:
+        return
+    module = postgresql if name(session) == "postgresql" else sqlite
+    stmt = module.insert(table).values(rows)
+    new = stmt.excluded
+    pick = func.least if name(session) == "postgresql" else func.min
+    keep = func.greatest if name(session) == "postgresql" else func.max
+    set_: dict = {}
+    for column in rows[0]:
+        if column in key_columns:
+            continue
+        old = table.c[column]
+        if column in least:
+            set_[column] = pick(func.coalesce(old, new[column]), func.coalesce(new[column], old))
+        elif column in greatest:
+            set_[column] = keep(func.coalesce(old, new[column]), func.coalesce(new[column], old))
+        else:
+            set_[column] = old + new[column]
+    session.execute(stmt.on_conflict_do_update(index_elements=key_columns, set_=set_))

@@ -36,14 +36,21 @@ def event_hash(
     previous_hash: str, run_id: str, seq: int, type_: str, data: Any, created_at: datetime
 ) -> str:
     """The chained hash of one event: any change to it or to an earlier event changes it."""
-    body = canonical_json(
-        {
-            "run_id": run_id,
-            "seq": seq,
-            "type": type_,
-            "data": data,
-            "created_at": timestamp_text(created_at),
-        }
+    return event_hash_of_json(previous_hash, run_id, seq, type_, canonical_json(data), created_at)
+
+
+def event_hash_of_json(
+    previous_hash: str, run_id: str, seq: int, type_: str, data_json: str, created_at: datetime
+) -> str:
+    """``event_hash`` for data already serialised with ``canonical_json`` (bulk imports reuse
+    that text as the stored JSON). The body is the canonical JSON of
+    ``{run_id, seq, type, data, created_at}``, written out here in its sorted key order."""
+    body = (
+        '{"created_at":' + canonical_json(timestamp_text(created_at))
+        + ',"data":' + data_json
+        + ',"run_id":' + canonical_json(run_id)
+        + ',"seq":' + canonical_json(seq)
+        + ',"type":' + canonical_json(type_) + "}"
     )
     return sha256_hex(previous_hash + "\n" + body)
 

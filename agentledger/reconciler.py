@@ -87,7 +87,7 @@ def run_reconciler(settings: Settings, *, once: bool) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     upgrade(settings.database_url)
-    db = Database(settings.database_url)
+    db = Database.from_settings(settings)
     try:
         if once:
             result = reconcile_once(db)

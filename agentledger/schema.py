@@ -7,12 +7,16 @@ compares them) plus the triggers that make ``run_event`` append-only and run sna
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
+    Column,
+    Date,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -25,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 
 NON_TERMINAL = ("queued", "running", "cancelling")
 ACTIVE = ("running", "cancelling")
@@ -251,3 +257,41 @@ class RateLimitWindow(Base):
     owner_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     window_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     count: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
+class AgentOutcomeRollup(Base):
+    """Ended runs per agent, version, UTC day of creation and terminal status.
+
+    Maintained in the transaction that ends each run (``ingest.rollup``; bulk imports add their
+    batches in aggregate), so per-agent outcomes over days never scan ``agent_run``. Sums give
+    exact counts, tokens and cost; the ``latency_hNN`` / ``wait_hNN`` columns are fixed
+    log-scale histograms (``agentledger.outcome_histogram``) from which percentiles are
+    estimated. Latency is started → finished (runs that started); wait is created → started.
+    """
+
+    __tablename__ = "agent_outcome_rollup"
+    __table_args__ = (Index(None, "day"),)
+
+    agent_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_sum: Mapped[float] = mapped_column(Float, nullable=False)
+    latency_min: Mapped[float | None] = mapped_column(Float)
+    latency_max: Mapped[float | None] = mapped_column(Float)
+    wait_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    wait_sum: Mapped[float] = mapped_column(Float, nullable=False)
+    wait_min: Mapped[float | None] = mapped_column(Float)
+    wait_max: Mapped[float | None] = mapped_column(Float)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cost_usd: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+for _column in (*LATENCY_COLUMNS, *WAIT_COLUMNS):
+    AgentOutcomeRollup.__table__.append_column(
+        Column(_column, Integer, nullable=False, server_default=text("0"))
+    )
+del _column

@@ -27,7 +27,7 @@ def _is_empty(settings: Settings) -> bool:
     from agentledger.database import Database
     from agentledger.schema import AgentRun
 
-    db = Database(settings.database_url)
+    db = Database.from_settings(settings)
     try:
         with db.read() as s:
             return s.execute(select(func.count()).select_from(AgentRun)).scalar_one() == 0
@@ -39,7 +39,7 @@ def _admin_login_link(settings: Settings, base_url: str) -> str:
     from agentledger.database import Database
     from ingest.tokens import create_token
 
-    db = Database(settings.database_url)
+    db = Database.from_settings(settings)
     try:
         with db.write() as s:
             _, token = create_token(s, owner_id="admin", role="admin")

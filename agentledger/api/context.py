@@ -30,3 +30,16 @@ def owner_scope() -> str | None:
     """The owner whose objects the caller is limited to (None for viewers and admins)."""
     p = g.principal
     return None if p.sees_everything else p.owner_id
+
+
+def read_one(query, *args, **kwargs):
+    """Run a single-object query on the read replica; if it finds nothing and a replica is
+    configured, ask the primary too: an object created a moment ago may not have replicated
+    yet, and "not found" must mean it does not exist."""
+    db = state().db
+    with db.read() as s:
+        found = query(s, *args, **kwargs)
+    if found is None and db.read_url is not None:
+        with db.read(primary=True) as s:
+            found = query(s, *args, **kwargs)
+    return found

@@ -24,8 +24,8 @@ def _definition(body: AgentBody) -> AgentDefinition:
                            instructions=body.instructions, tools=body.tools, params=body.params)
 
 
-def _read_agent(agent_id: str):
-    with state().db.read() as s:
+def _read_agent(agent_id: str, *, after_write: bool = False):
+    with state().db.read(primary=after_write) as s:
         return get_agent(s, agent_id)
 
 
@@ -34,7 +34,7 @@ def _read_agent(agent_id: str):
 def create_agent(body: AgentBody, raw_body):
     with state().db.write() as s:
         register_agent(s, body.id, _definition(body))
-    return jsonify(_read_agent(body.id)), 201
+    return jsonify(_read_agent(body.id, after_write=True)), 201
 
 
 @api.route("/agents/<agent_id>", "PUT", summary="Add the next immutable version", roles=ADMIN,
@@ -44,7 +44,7 @@ def put_agent(agent_id: str, body: AgentVersionBody, raw_body):
         raise ValidationFailed("id in the body must match the agent id in the path")
     with state().db.write() as s:
         add_agent_version(s, agent_id, _definition(body))
-    return jsonify(_read_agent(agent_id))
+    return jsonify(_read_agent(agent_id, after_write=True))
 
 
 @api.route("/agents", "GET", summary="List agents", query=ListQuery,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import jsonify
 
 from agentledger.api import api
-from agentledger.api.context import owner_scope, principal, state
+from agentledger.api.context import owner_scope, principal, read_one, state
 from agentledger.api.registry import READERS, WRITERS
 from agentledger.api.schemas import (
     CancelOut,
@@ -31,8 +31,7 @@ SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
 @api.route("/agent-runs/<run_id>", "GET", summary="One run: status, snapshots, lease, timing",
            roles=READERS, responses={200: RunOut}, errors=(404,), tag="runs")
 def runs_detail(run_id: str):
-    with state().db.read() as s:
-        run = get_run(s, run_id, visible_to=owner_scope())
+    run = read_one(get_run, run_id, visible_to=owner_scope())
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     return jsonify(run)
@@ -59,9 +58,8 @@ def runs_index(query: RunListQuery):
 def runs_events(run_id: str, query: EventsQuery):
     if wants_event_stream():
         return event_stream_response(run_id, query.after_seq)
-    with state().db.read() as s:
-        page = events_page(s, run_id, after_seq=query.after_seq, limit=query.limit,
-                           visible_to=owner_scope())
+    page = read_one(events_page, run_id, after_seq=query.after_seq, limit=query.limit,
+                    visible_to=owner_scope())
     if page is None:
         raise NotFound(f"run {run_id} does not exist")
     return jsonify(page.as_dict())
@@ -80,8 +78,7 @@ def runs_cancel(run_id: str):
 @api.route("/agent-runs/<run_id>/tree", "GET", summary="The whole delegation tree of any of its runs",
            roles=READERS, responses={200: TreeOut}, errors=(404,), tag="runs")
 def runs_tree(run_id: str):
-    with state().db.read() as s:
-        tree = run_tree(s, run_id, visible_to=owner_scope())
+    tree = read_one(run_tree, run_id, visible_to=owner_scope())
     if tree is None:
         raise NotFound(f"run {run_id} does not exist")
     return jsonify(tree)
@@ -92,8 +89,7 @@ def runs_tree(run_id: str):
            responses={200: ProvenanceOut}, errors=(404, 422), tag="runs")
 def message_provenance_view(message_id: str):
     try:
-        with state().db.read() as s:
-            found = message_provenance(s, message_id, visible_to=owner_scope())
+        found = read_one(message_provenance, message_id, visible_to=owner_scope())
     except UserMessage as exc:
         raise NotAnAssistantMessage(
             f"message {message_id} is a user message; provenance exists only for answers"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import jsonify, request
 
 from agentledger.api import api
-from agentledger.api.context import owner_scope, principal, state
+from agentledger.api.context import owner_scope, principal, read_one, state
 from agentledger.api.registry import READERS, WRITERS
 from agentledger.api.schemas import (
     CreateSessionBody,
@@ -25,9 +25,12 @@ from queries.sessions import get_session, list_sessions, session_messages
 MAX_KEY_LENGTH = 255
 
 
-def _session_or_404(session_id: str):
-    with state().db.read() as s:
-        found = get_session(s, session_id, visible_to=owner_scope())
+def _session_or_404(session_id: str, *, after_write: bool = False):
+    if after_write:
+        with state().db.read(primary=True) as s:
+            found = get_session(s, session_id, visible_to=owner_scope())
+    else:
+        found = read_one(get_session, session_id, visible_to=owner_scope())
     if found is None:
         raise NotFound(f"session {session_id} does not exist")
     return found
@@ -40,7 +43,7 @@ def sessions_create(body: CreateSessionBody, raw_body):
     with state().db.write() as s:
         session_id = create_session(s, owner_id=principal().owner_id, agent_id=body.agent_id,
                                     title=body.title)
-    return jsonify(_session_or_404(session_id)), 201
+    return jsonify(_session_or_404(session_id, after_write=True)), 201
 
 
 @api.route("/sessions", "GET", summary="List sessions (yours; everyone's for viewers/admins)",
@@ -68,7 +71,7 @@ def sessions_patch(session_id: str, body: PatchSessionBody, raw_body):
         raise ValidationFailed("agent_id: a session always has a default agent; it cannot be null")
     with state().db.write() as s:
         update_session(s, session_id, owner_id=owner_scope(), **changes)
-    return jsonify(_session_or_404(session_id))
+    return jsonify(_session_or_404(session_id, after_write=True))
 
 
 @api.route("/sessions/<session_id>", "DELETE", summary="Hide a session from its owner (kept for audit)",
@@ -83,9 +86,8 @@ def sessions_delete(session_id: str):
            roles=READERS, query=ListQuery, responses={200: MessageList}, errors=(404,),
            tag="sessions")
 def messages_index(session_id: str, query: ListQuery):
-    with state().db.read() as s:
-        page = session_messages(s, session_id, visible_to=owner_scope(), limit=query.limit,
-                                cursor=query.cursor)
+    page = read_one(session_messages, session_id, visible_to=owner_scope(), limit=query.limit,
+                    cursor=query.cursor)
     if page is None:
         raise NotFound(f"session {session_id} does not exist")
     return jsonify(page.as_dict())

@@ -12,7 +12,7 @@ import time
 
 from flask import Response, request, stream_with_context
 
-from agentledger.api.context import owner_scope, state
+from agentledger.api.context import owner_scope, read_one, state
 from agentledger.errors import InvalidRequest, NotFound
 from queries.run_events import events_page, run_head
 
@@ -46,8 +46,7 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
     start = _start_after(after_seq)
     scope = owner_scope()
     app_state = state()
-    with app_state.db.read() as s:
-        head = run_head(s, run_id, visible_to=scope)
+    head = read_one(run_head, run_id, visible_to=scope)
     if head is None:
         raise NotFound(f"run {run_id} does not exist")
     if head.status in ("succeeded", "failed", "cancelled", "interrupted") and start >= head.last_event_seq:

@@ -25,7 +25,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
     if concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
     upgrade(settings.database_url)
-    db = Database(settings.database_url)
+    db = Database.from_settings(settings)
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
     db.add_notification_listener(notifier.signal)
     executor = Executor(db, settings, instance_id=instance_id or default_instance_id(),

@@ -1,0 +1,83 @@
+"""AGENTLEDGER_READ_DATABASE_URL: queries read from a replica; read-after-write goes to the primary.
+
+The replica is simulated with a SQLite copy taken at one moment, so replication "lag" is total
+and every read can be attributed to one side.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+from factories import make_agent, make_session, post
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from agentledger.app_factory import create_app
+from agentledger.config import Settings
+from agentledger.database import Database
+from ingest.agents import AgentDefinition, add_agent_version
+from ingest.tokens import create_token
+
+
+def _snapshot(primary: str, replica: str) -> None:
+    src, dst = sqlite3.connect(primary), sqlite3.connect(replica)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+@pytest.fixture
+def replicated(sqlite_template, tmp_path):
+    primary = tmp_path / "primary.db"
+    replica = tmp_path / "replica.db"
+    shutil.copy(sqlite_template, primary)
+    settings = Settings(database_url=f"sqlite:///{primary}",
+                        read_database_url=f"sqlite:///{replica}", secret_key="replica-test")
+    db = Database.from_settings(settings)
+    make_agent(db, "echo", name="Echo")
+    with db.write() as s:
+        _, admin = create_token(s, owner_id="root", role="admin")
+    chat = make_session(db, owner="root")
+    old_run = post(db, chat, "before the snapshot", owner="root").run_id
+    _snapshot(str(primary), str(replica))
+    app = create_app(settings, database=db, dashboards=False)
+    yield app.test_client(), db, {"Authorization": f"Bearer {admin}"}, chat, old_run
+    app.extensions["agentledger"].notifier.stop()
+    db.dispose()
+
+
+def test_reads_come_from_the_replica(replicated):
+    client, db, auth, chat, old_run = replicated
+    with db.write() as s:
+        add_agent_version(s, "echo", AgentDefinition(name="Echo Renamed", kind="echo"))
+    new_run = post(db, chat, "after the snapshot", owner="root").run_id
+    assert client.get("/api/agents/echo", headers=auth).get_json()["name"] == "Echo"
+    listed = [r["id"] for r in client.get("/api/agent-runs", headers=auth).get_json()["items"]]
+    assert listed == [old_run]
+    assert new_run not in listed
+
+
+def test_read_after_write_and_missing_objects_fall_back_to_the_primary(replicated):
+    client, db, auth, chat, old_run = replicated
+    created = client.post("/api/sessions", json={"agent_id": "echo", "title": "fresh"}, headers=auth)
+    assert created.status_code == 201 and created.get_json()["title"] == "fresh"
+    fresh = created.get_json()["id"]
+    assert client.get(f"/api/sessions/{fresh}", headers=auth).status_code == 200
+    renamed = client.put("/api/agents/echo", json={"name": "Echo 2", "kind": "echo"}, headers=auth)
+    assert renamed.get_json()["version"] == 2 and renamed.get_json()["name"] == "Echo 2"
+    new_run = post(db, chat, "after the snapshot", owner="root").run_id
+    assert client.get(f"/api/agent-runs/{new_run}", headers=auth).status_code == 200
+    events = client.get(f"/api/agent-runs/{new_run}/events", headers=auth).get_json()
+    assert [e["type"] for e in events["events"]] == ["run.queued"]
+    assert client.get("/api/agent-runs/run_doesnotexist", headers=auth).status_code == 404
+
+
+def test_the_replica_connection_refuses_writes(replicated):
+    _client, db, _auth, _chat, _old_run = replicated
+    with pytest.raises(OperationalError):
+        with db.read() as s:
+            s.execute(text("DELETE FROM api_token"))
