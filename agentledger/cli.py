@@ -54,6 +54,11 @@ def cmd_token_revoke(args, settings: Settings) -> int:
 def cmd_verify(args, settings: Settings) -> int:
     from queries.chain_verification import verify_chains
 
+    if args.archive:
+        from agentledger.retention import verify_archive_command
+
+        return verify_archive_command(settings, args.archive)
+
     db = _database(settings)
 
     def progress(n: int) -> None:
@@ -72,6 +77,13 @@ def cmd_verify(args, settings: Settings) -> int:
     verdict = "OK" if report.ok else f"{len(report.problems)} damaged run(s)"
     print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")
     return 0 if report.ok else 1
+
+
+def cmd_archive(args, settings: Settings) -> int:
+    from agentledger.retention import archive_command
+
+    return archive_command(settings, older_than_days=args.older_than_days, out=args.out,
+                           batch_size=args.batch_size, dry_run=args.dry_run)
 
 
 def cmd_serve(args, settings: Settings) -> int:
@@ -157,8 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (repeatable data)")
     p.set_defaults(func=cmd_demo_seed)
 
+    p = sub.add_parser("archive", help="move old, finished run trees to compressed JSONL files")
+    p.add_argument("--older-than-days", type=float, required=True,
+                   help="archive trees whose root run ended more than this many days ago")
+    p.add_argument("--out", default="archive", help="directory for the archive files")
+    p.add_argument("--batch-size", type=int, default=500, help="run trees per transaction")
+    p.add_argument("--dry-run", action="store_true", help="only count what would be archived")
+    p.set_defaults(func=cmd_archive)
+
     p = sub.add_parser("verify", help="check every stored event hash chain")
     p.add_argument("--run", default=None, help="only this run")
+    p.add_argument("--archive", default=None, metavar="FILE",
+                   help="check an archive file written by agentledger archive instead")
     p.set_defaults(func=cmd_verify)
     return parser
 

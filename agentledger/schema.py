@@ -77,6 +77,16 @@ naming = {
 }
 
 
+def exists_on(obj, dialect_name: str) -> bool:
+    """False for schema objects declared for other dialects only (``.ddl_if(dialect=…)``);
+    Alembic's comparison uses it as ``include_object``."""
+    condition = getattr(obj, "_ddl_if", None)
+    if condition is None or condition.dialect is None:
+        return True
+    wanted = condition.dialect
+    return dialect_name == wanted if isinstance(wanted, str) else dialect_name in wanted
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=naming)
 
@@ -218,6 +228,11 @@ class RunEvent(Base):
     """Append-only; triggers refuse UPDATE and DELETE. ``hash`` chains to the previous event."""
 
     __tablename__ = "run_event"
+    __table_args__ = (
+        # PostgreSQL only: a few pages of BRIN make time-range scans over 100M events cheap.
+        Index("ix_run_event_created_at_brin", "created_at",
+              postgresql_using="brin").ddl_if(dialect="postgresql"),
+    )
 
     run_id: Mapped[str] = mapped_column(ForeignKey("agent_run.id"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -295,3 +310,20 @@ for _column in (*LATENCY_COLUMNS, *WAIT_COLUMNS):
         Column(_column, Integer, nullable=False, server_default=text("0"))
     )
 del _column
+
+
+class ArchivedRun(Base):
+    """A run moved out of the live tables by ``agentledger archive``: where it went and the
+    head of its hash chain, so the archive file can be verified later. Its presence is also what
+    lets the triggers allow deleting that run's events, and nothing else's."""
+
+    __tablename__ = "archived_run"
+    __table_args__ = (Index(None, "root_run_id"),)
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    root_run_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    archive_file: Mapped[str] = mapped_column(String(500), nullable=False)
+    last_event_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_event_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    archived_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from agentledger.database import Database
 from agentledger.migrate import alembic_config, current_revision, upgrade
-from agentledger.schema import Base
+from agentledger.schema import Base, exists_on
 from ingest.events import append_events
 
 
@@ -29,8 +29,11 @@ def schema_diff(url: str) -> list:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"compare_type": True,
-                                                             "compare_server_default": True})
+            context = MigrationContext.configure(conn, opts={
+                "compare_type": True,
+                "compare_server_default": True,
+                "include_object": lambda obj, *_: exists_on(obj, conn.dialect.name),
+            })
             return compare_metadata(context, Base.metadata)
     finally:
         engine.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from agentledger.schema import Base
+from agentledger.schema import Base, exists_on
 
 config = context.config
 target_metadata = Base.metadata
@@ -17,6 +17,7 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=lambda obj, *_: exists_on(obj, connection.dialect.name),
     )
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":

@@ -1,0 +1,86 @@
+"""``agentledger archive`` and ``agentledger verify --archive``: the retention entry points."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import func, select
+from tqdm import tqdm
+
+from agentledger.archive_files import ArchiveWriter, read_archive, verify_archive
+from agentledger.config import Settings
+from agentledger.database import Database
+from agentledger.schema import ArchivedRun
+from ingest.retention import archivable_roots, delete_trees, export_trees
+
+
+def archive_command(settings: Settings, *, older_than_days: float, out: str, batch_size: int,
+                    dry_run: bool) -> int:
+    from agentledger.migrate import upgrade
+
+    if older_than_days < 0 or batch_size < 1:
+        raise SystemExit("--older-than-days must be ≥ 0 and --batch-size ≥ 1")
+    upgrade(settings.database_url)
+    db = Database.from_settings(settings)
+    cutoff = datetime.now(UTC) - timedelta(days=older_than_days)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out) / f"agentledger-archive-{stamp}.jsonl.gz"
+    trees = runs = 0
+    writer = None
+    bar = tqdm(unit="tree", desc="archive", file=sys.stderr)
+    try:
+        while True:
+            with db.write() as s:
+                roots = archivable_roots(s, finished_before=cutoff, limit=batch_size)
+                if not roots or dry_run:
+                    if dry_run:
+                        trees = len(archivable_roots(s, finished_before=cutoff, limit=None))
+                    break
+                records = export_trees(s, roots)
+                writer = writer or ArchiveWriter(path)
+                writer.write(records)
+                runs += delete_trees(s, records, str(path))
+            trees += len(roots)
+            bar.update(len(roots))
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+        db.dispose()
+    if dry_run:
+        print(f"{trees} run tree(s) ended before {cutoff.isoformat()} would be archived")
+    elif trees:
+        print(f"archived {trees} run tree(s), {runs} run(s) into {path}")
+    else:
+        print(f"nothing ended before {cutoff.isoformat()}; no archive written")
+    return 0
+
+
+def verify_archive_command(settings: Settings, archive: str) -> int:
+    path = Path(archive)
+    if not path.exists():
+        print(f"no archive file {path}", file=sys.stderr)
+        return 2
+    run_ids = [r["run"]["id"] for r in read_archive(path)]
+    heads: dict[str, tuple[int, str]] = {}
+    db = Database.from_settings(settings)
+    try:
+        with db.read() as s:
+            if s.execute(select(func.count()).select_from(ArchivedRun)).scalar_one():
+                for start in range(0, len(run_ids), 1000):
+                    for row in s.execute(
+                        select(ArchivedRun.run_id, ArchivedRun.last_event_seq,
+                               ArchivedRun.last_event_hash)
+                        .where(ArchivedRun.run_id.in_(run_ids[start:start + 1000]))
+                    ):
+                        heads[row.run_id] = (row.last_event_seq, row.last_event_hash)
+    finally:
+        db.dispose()
+    checked, problems = verify_archive(path, heads)
+    for problem in problems:
+        print(f"TAMPERED run {problem.run_id} seq {problem.seq}: {problem.problem}")
+    verdict = "OK" if not problems else f"{len(problems)} damaged run(s)"
+    print(f"{verdict}: {checked} archived runs checked in {path}")
+    return 0 if not problems else 1

@@ -1,0 +1,116 @@
+"""Retention: moving old, finished run trees out of the live tables into archive files.
+
+A tree is archived whole (its root and every descendant), and only when every run in it has
+ended and the root ended before the cutoff, so what remains is always a set of complete trees
+whose chains ``agentledger verify`` still checks. For each run the transaction first records
+``archived_run`` (file, chain head) — which is what lets the database triggers allow deleting
+that run's events — then deletes its events, messages and run row. The caller writes the
+archive lines (``export_trees``) and flushes them before committing the deletion
+(``delete_trees``), so a run is never gone from both places.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, exists, insert, select
+from sqlalchemy.orm import Session, aliased
+
+from agentledger import dialect
+from agentledger.schema import (
+    NON_TERMINAL,
+    TERMINAL,
+    AgentRun,
+    ArchivedRun,
+    ChatSession,
+    ConversationThread,
+    Message,
+    RunEvent,
+)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def archivable_roots(session: Session, *, finished_before: datetime, limit: int | None
+                     ) -> list[str]:
+    """Root runs that ended before the cutoff and whose whole tree has ended, oldest first."""
+    descendant = aliased(AgentRun)
+    return list(session.execute(
+        select(AgentRun.id)
+        .where(
+            AgentRun.parent_run_id.is_(None),
+            AgentRun.status.in_(TERMINAL),
+            AgentRun.finished_at < finished_before,
+            ~exists().where(descendant.root_run_id == AgentRun.id,
+                            descendant.status.in_(NON_TERMINAL)),
+        )
+        .order_by(AgentRun.finished_at, AgentRun.id)
+        .limit(limit)
+    ).scalars())
+
+
+def export_trees(session: Session, root_ids: list[str]) -> list[dict[str, Any]]:
+    """One JSON-ready record per run of these trees: the run row, its messages, its events."""
+    if not root_ids:
+        return []
+    runs = session.execute(
+        select(AgentRun).where(AgentRun.root_run_id.in_(root_ids))
+        .order_by(AgentRun.root_run_id, AgentRun.created_at, AgentRun.id)
+    ).scalars().all()
+    run_ids = [r.id for r in runs]
+    events: dict[str, list] = {r: [] for r in run_ids}
+    for row in session.execute(
+        select(RunEvent.run_id, RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at,
+               RunEvent.hash)
+        .where(RunEvent.run_id.in_(run_ids)).order_by(RunEvent.run_id, RunEvent.seq)
+    ):
+        events[row.run_id].append({"seq": row.seq, "type": row.type, "data": row.data,
+                                   "created_at": _iso(row.created_at), "hash": row.hash})
+    messages: dict[str, list] = {r: [] for r in run_ids}
+    for m in session.execute(
+        select(Message).where(Message.run_id.in_(run_ids)).order_by(Message.created_at)
+    ).scalars():
+        messages[m.run_id].append({"id": m.id, "session_id": m.session_id, "thread_id": m.thread_id,
+                                   "owner_id": m.owner_id, "role": m.role, "content": m.content,
+                                   "created_at": _iso(m.created_at)})
+    records = []
+    for r in runs:
+        columns = {c.key: getattr(r, c.key) for c in AgentRun.__table__.columns}
+        run_record = {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in columns.items()}
+        records.append({"run": run_record, "messages": messages[r.id], "events": events[r.id]})
+    return records
+
+
+def delete_trees(session: Session, records: list[dict[str, Any]], archive_file: str) -> int:
+    """Record the runs as archived, then delete their rows; returns the number of runs."""
+    if not records:
+        return 0
+    now = dialect.now(session)
+    run_ids = [rec["run"]["id"] for rec in records]
+    session.execute(insert(ArchivedRun), [
+        {"run_id": rec["run"]["id"], "root_run_id": rec["run"]["root_run_id"],
+         "archive_file": archive_file, "last_event_seq": rec["run"]["last_event_seq"],
+         "last_event_hash": rec["run"]["last_event_hash"],
+         "finished_at": datetime.fromisoformat(rec["run"]["finished_at"])
+         if rec["run"]["finished_at"] else None,
+         "archived_at": now}
+        for rec in records
+    ])
+    session.execute(delete(RunEvent).where(RunEvent.run_id.in_(run_ids)))
+    session.execute(delete(Message).where(Message.run_id.in_(run_ids)))
+    child_threads = [rec["run"]["thread_id"] for rec in records if rec["run"]["session_id"] is None]
+    session.execute(delete(AgentRun).where(AgentRun.id.in_(run_ids)))
+    if child_threads:
+        # A delegated run's thread belonged to it alone; a session's thread stays with the session.
+        session.execute(
+            delete(ConversationThread).where(
+                ConversationThread.id.in_(child_threads),
+                ~exists().where(AgentRun.thread_id == ConversationThread.id),
+                ~exists().where(ChatSession.thread_id == ConversationThread.id),
+                ~exists().where(Message.thread_id == ConversationThread.id),
+            )
+        )
+    return len(run_ids)
