@@ -11,6 +11,7 @@ from agentledger.api.context import AppState
 from agentledger.config import Settings
 from agentledger.database import Database
 from agentledger.notifier import EventNotifier
+from agentledger.security import install_security
 
 
 def create_app(
@@ -30,6 +31,8 @@ def create_app(
         SESSION_COOKIE_NAME="agentledger_session",
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
+        # Secure when served over HTTPS (behind a TLS proxy set AGENTLEDGER_SECURE_COOKIES=1).
+        SESSION_COOKIE_SECURE=settings.secure_cookies,
         PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False,
     )
@@ -55,4 +58,5 @@ def create_app(
             logging.getLogger("agentledger").info("dashboards package not available")
         else:
             mount_dashboards(app)
+    install_security(app)
     return app

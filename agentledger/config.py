@@ -50,6 +50,7 @@ class Settings:
     run_rate_limit     AGENTLEDGER_RUN_RATE_LIMIT      600 runs per owner per minute (0: off)
     read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
                        replica that ``queries`` read from
+    secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -62,6 +63,7 @@ class Settings:
     sse_keepalive_seconds: float = 15.0
     run_rate_limit: int = 600
     read_database_url: str | None = None
+    secure_cookies: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -75,6 +77,7 @@ class Settings:
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
+            secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
         )
         return replace(settings, **overrides)
 

@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 from flask import Blueprint, Response, redirect, request, session
 
 from agentledger.api.auth import SESSION_TOKEN_KEY, principal_from_token
+from agentledger.security import issue_csrf_token
 
 web_auth = Blueprint("web_auth", __name__)
 
@@ -41,7 +42,9 @@ def _login(token: str, next_url: str):
     session.clear()
     session[SESSION_TOKEN_KEY] = principal.token_id
     session.permanent = True
-    return redirect(next_url, code=303)
+    response = redirect(next_url, code=303)
+    issue_csrf_token(response)
+    return response
 
 
 @web_auth.get("/login")

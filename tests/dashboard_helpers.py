@@ -34,6 +34,12 @@ def logged_in(app, token: str):
     return client
 
 
+def csrf_headers(client) -> dict[str, str]:
+    """What Dash's renderer sends with every callback: the ``_csrf_token`` cookie as a header."""
+    cookie = client.get_cookie("_csrf_token")
+    return {"X-CSRFToken": cookie.value} if cookie is not None else {}
+
+
 def dash_request(output: list[tuple[str, str]], inputs: list[tuple[str, str, Any]],
                  state: list[tuple[str, str, Any]] = (), changed: list[str] = ()) -> dict:
     """The body the Dash renderer POSTs to ``/_dash-update-component``."""
@@ -65,7 +71,7 @@ def texts(component: Any) -> list[str]:
 
 def call(client, output, inputs, state=(), changed=()) -> dict:
     """POST one callback like the browser does; returns ``{component id: {prop: value}}``."""
-    reply = client.post("/_dash-update-component",
+    reply = client.post("/_dash-update-component", headers=csrf_headers(client),
                         json=dash_request(output, inputs, state, changed))
     assert reply.status_code == 200, reply.data[:500]
     return reply.get_json()["response"]

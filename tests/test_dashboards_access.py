@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from dashboard_helpers import dash_request, logged_in, make_app, tokens
+from dashboard_helpers import csrf_headers, dash_request, logged_in, make_app, tokens
 
 PAGES = ("/", "/messages", "/messages/msg_x", "/runs", "/runs/run_x", "/timeline", "/interrupted",
          "/leases", "/agents")
@@ -82,7 +82,8 @@ def test_viewers_and_admins_get_every_page_and_endpoint(app, keys, role):
         assert reply.status_code == 200, path
         assert b"_dash-renderer" in reply.data or b"dash_renderer" in reply.data
     for method, path in DASH_ENDPOINTS:
-        with client.open(path, method=method, json=CALLBACK if method == "POST" else None) as reply:
+        with client.open(path, method=method, json=CALLBACK if method == "POST" else None,
+                         headers=csrf_headers(client)) as reply:
             assert reply.status_code in (200, 204), (path, reply.status_code, reply.data[:200])
 
 
