@@ -14,6 +14,24 @@ def _database(settings: Settings):
     return Database.from_settings(settings)
 
 
+def _cli_actor():
+    import getpass
+
+    from ingest.admin_log import Actor
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Actor(name=f"cli:{user}", role="admin")
+
+
+def record(*args, **kwargs):
+    from ingest.admin_log import record as write
+
+    return write(*args, **kwargs)
+
+
 def cmd_db_upgrade(args, settings: Settings) -> int:
     from agentledger.migrate import current_revision, upgrade
 
@@ -31,6 +49,8 @@ def cmd_token_create(args, settings: Settings) -> int:
     try:
         with db.write() as session:
             token_id, token = create_token(session, owner_id=args.owner, role=args.role)
+            record(session, _cli_actor(), "token.created", "token", token_id,
+                   {"owner": args.owner.strip(), "role": args.role})
     finally:
         db.dispose()
     print(f"created {args.role} token {token_id} for owner {args.owner.strip()}", file=sys.stderr)
@@ -45,6 +65,7 @@ def cmd_token_revoke(args, settings: Settings) -> int:
     try:
         with db.write() as session:
             revoke_token(session, args.token_id)
+            record(session, _cli_actor(), "token.revoked", "token", args.token_id)
     finally:
         db.dispose()
     print(f"revoked {args.token_id}")

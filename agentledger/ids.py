@@ -15,7 +15,7 @@ _lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
 
-PREFIXES = ("sess", "thr", "run", "msg", "tok")
+PREFIXES = ("sess", "thr", "run", "msg", "tok", "act")
 
 
 def _encode(value: int, length: int) -> str:

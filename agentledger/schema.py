@@ -327,3 +327,21 @@ class ArchivedRun(Base):
     last_event_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     archived_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class AdminAction(Base):
+    """Who did what to the ledger's configuration and when: tokens created and revoked, agents
+    registered and re-versioned, runs cancelled, sessions deleted. Append-only like events
+    (triggers refuse UPDATE and DELETE)."""
+
+    __tablename__ = "admin_action"
+    __table_args__ = (Index(None, "at"), Index(None, "action", "at"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    actor: Mapped[str] = mapped_column(String(200), nullable=False)
+    actor_role: Mapped[str] = mapped_column(String(16), nullable=False)
+    action: Mapped[str] = mapped_column(String(40), nullable=False)
+    target_type: Mapped[str] = mapped_column(String(20), nullable=False)
+    target_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    detail: Mapped[Any] = mapped_column(JSONDoc, nullable=False)

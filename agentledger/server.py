@@ -37,12 +37,15 @@ def _is_empty(settings: Settings) -> bool:
 
 def _admin_login_link(settings: Settings, base_url: str) -> str:
     from agentledger.database import Database
+    from ingest.admin_log import Actor, record
     from ingest.tokens import create_token
 
     db = Database.from_settings(settings)
     try:
         with db.write() as s:
-            _, token = create_token(s, owner_id="admin", role="admin")
+            token_id, token = create_token(s, owner_id="admin", role="admin")
+            record(s, Actor("server", "admin"), "token.created", "token", token_id,
+                   {"owner": "admin", "role": "admin", "purpose": "printed login link"})
     finally:
         db.dispose()
     return f"{base_url}/login?token={token}"

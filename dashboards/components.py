@@ -29,6 +29,7 @@ NAV = (
     ("/interrupted", "Interrupted", "exact"),
     ("/leases", "Leases", "exact"),
     ("/agents", "Agents", "exact"),
+    ("/audit", "Audit", "exact"),
 )
 _LINKABLE = re.compile(r"^[a-z]+_[0-9a-z]+$")
 

@@ -431,15 +431,21 @@ def test_login_link_sets_a_cookie_that_authenticates_api_calls(api, chat):
     assert_error(_reply(browser.get("/api/sessions")), 401, "unauthenticated")
     login = browser.get("/login", query_string={"token": api.alice})
     assert login.status_code in (302, 303)
-    cookie = login.headers["Set-Cookie"]
-    assert "agentledger_session=" in cookie and "HttpOnly" in cookie
+    cookie = next(c for c in login.headers.getlist("Set-Cookie")
+                  if c.startswith("agentledger_session="))
+    assert "HttpOnly" in cookie
     assert api.alice not in cookie  # the token itself never goes into the cookie
     login.close()
 
     listed = _reply(browser.get("/api/sessions"))
     assert listed.status == 200 and [s["id"] for s in listed.json()["items"]] == [chat]
+    # unsafe requests on a cookie session need the CSRF header, as Dash's renderer sends it
+    refused = _reply(browser.post(f"/api/sessions/{chat}/messages", json={"content": "forged"},
+                                  headers={"Idempotency-Key": unique()}))
+    assert_error(refused, 403, "forbidden")
     posted = _reply(browser.post(f"/api/sessions/{chat}/messages", json={"content": "via cookie"},
-                                 headers={"Idempotency-Key": unique()}))
+                                 headers={"Idempotency-Key": unique(),
+                                          "X-CSRFToken": browser.get_cookie("_csrf_token").value}))
     assert posted.status == 202
     assert posted.json()["run_id"].startswith("run_")
 

@@ -14,6 +14,7 @@ api = ApiRegistry(blueprint, authenticate)
 def load_routes() -> None:
     """Import the route modules (each registers itself on ``api`` when imported)."""
     from agentledger.api import (  # noqa: F401
+        routes_admin,
         routes_agents,
         routes_executor,
         routes_meta,

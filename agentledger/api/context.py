@@ -43,3 +43,11 @@ def read_one(query, *args, **kwargs):
         with db.read(primary=True) as s:
             found = query(s, *args, **kwargs)
     return found
+
+
+def actor():
+    """The caller as the admin action log names it."""
+    from ingest.admin_log import Actor
+
+    p = g.principal
+    return Actor(name=p.owner_id, role=p.role)

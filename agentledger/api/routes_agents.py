@@ -6,9 +6,10 @@ from flask import jsonify
 
 from agentledger.agent_kinds import validate_definition
 from agentledger.api import api
-from agentledger.api.context import state
+from agentledger.api.context import actor, state
 from agentledger.api.schemas import AgentBody, AgentList, AgentOut, AgentVersionBody, ListQuery
 from agentledger.errors import NotFound, ValidationFailed
+from ingest.admin_log import record
 from ingest.agents import AgentDefinition, add_agent_version, register_agent
 from queries.agents_catalog import get_agent, list_agents
 
@@ -34,6 +35,7 @@ def _read_agent(agent_id: str, *, after_write: bool = False):
 def create_agent(body: AgentBody, raw_body):
     with state().db.write() as s:
         register_agent(s, body.id, _definition(body))
+        record(s, actor(), "agent.registered", "agent", body.id, {"version": 1, "name": body.name})
     return jsonify(_read_agent(body.id, after_write=True)), 201
 
 
@@ -43,7 +45,9 @@ def put_agent(agent_id: str, body: AgentVersionBody, raw_body):
     if body.id is not None and body.id != agent_id:
         raise ValidationFailed("id in the body must match the agent id in the path")
     with state().db.write() as s:
-        add_agent_version(s, agent_id, _definition(body))
+        version = add_agent_version(s, agent_id, _definition(body))
+        record(s, actor(), "agent.versioned", "agent", agent_id, {"version": version,
+                                                                  "name": body.name})
     return jsonify(_read_agent(agent_id, after_write=True))
 
 

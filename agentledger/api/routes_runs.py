@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import jsonify
 
 from agentledger.api import api
-from agentledger.api.context import owner_scope, principal, read_one, state
+from agentledger.api.context import actor, owner_scope, principal, read_one, state
 from agentledger.api.registry import READERS, WRITERS
 from agentledger.api.schemas import (
     CancelOut,
@@ -19,6 +19,7 @@ from agentledger.api.schemas import (
 )
 from agentledger.api.stream import event_stream_response, wants_event_stream
 from agentledger.errors import NotAnAssistantMessage, NotFound
+from ingest.admin_log import record
 from ingest.cancel import request_cancel
 from queries.provenance import UserMessage, message_provenance
 from queries.run_events import events_page
@@ -72,6 +73,7 @@ def runs_cancel(run_id: str):
     with state().db.write() as s:
         status = request_cancel(s, run_id, requested_by=principal().owner_id,
                                 visible_to=owner_scope())
+        record(s, actor(), "run.cancel_requested", "run", run_id, {"status": status})
     return jsonify({"run_id": run_id, "status": status}), 202
 
 

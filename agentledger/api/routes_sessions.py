@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import jsonify, request
 
 from agentledger.api import api
-from agentledger.api.context import owner_scope, principal, read_one, state
+from agentledger.api.context import actor, owner_scope, principal, read_one, state
 from agentledger.api.registry import READERS, WRITERS
 from agentledger.api.schemas import (
     CreateSessionBody,
@@ -18,6 +18,7 @@ from agentledger.api.schemas import (
     SessionOut,
 )
 from agentledger.errors import IdempotencyKeyRequired, NotFound
+from ingest.admin_log import record
 from ingest.runs import ContextItem, post_message, request_checksum
 from ingest.sessions import create_session, delete_session, update_session
 from queries.sessions import get_session, list_sessions, session_messages
@@ -79,6 +80,7 @@ def sessions_patch(session_id: str, body: PatchSessionBody, raw_body):
 def sessions_delete(session_id: str):
     with state().db.write() as s:
         delete_session(s, session_id, owner_id=owner_scope())
+        record(s, actor(), "session.deleted", "session", session_id)
     return "", 204
 
 

@@ -99,6 +99,22 @@ class RunListQuery(ListQuery):
         return value
 
 
+class AdminActionsQuery(ListQuery):
+    action: Literal["token.created", "token.revoked", "agent.registered", "agent.versioned",
+                    "run.cancel_requested", "session.deleted"] | None = None
+    actor: str | None = Field(default=None, max_length=200)
+    target_id: str | None = Field(default=None, max_length=200)
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @field_validator("since", "until")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("must include a UTC offset, e.g. 2026-01-31T12:00:00Z")
+        return value
+
+
 class EventsQuery(Strict):
     model_config = ConfigDict(extra="ignore")
     after_seq: int = Field(default=0, ge=0)
@@ -323,3 +339,19 @@ class AppendEventsOut(BaseModel):
 class ChildOut(BaseModel):
     run_id: str
     events_url: str
+
+
+class AdminActionOut(BaseModel):
+    id: str
+    at: str
+    actor: str
+    actor_role: str
+    action: str
+    target_type: str
+    target_id: str
+    detail: dict[str, Any]
+
+
+class AdminActionList(BaseModel):
+    items: list[AdminActionOut]
+    next_cursor: str | None
