@@ -1,0 +1,26 @@
+"""The benchmark suite of issue 6: ``python -m bench --db URL --runs N [--quick] [--skip-peer]``.
+
+What it does, in order, in one process:
+
+1. ``dataset``: reuses the database when it holds ≥ N runs (``--reload`` forces a reload),
+   else loads through the project's own path (``agentledger.demo.seed``, which uses the
+   COPY-based ``ingest.bulk_import`` for large N when it exists) and reports its rate.
+2. Against a real ``agentledger serve --no-worker`` subprocess (``AGENTLEDGER_RUN_RATE_LIMIT=0``):
+   ``reads`` (queries in-process, HTTP, raw SQL), ``dashboards`` (the initial Dash callbacks of
+   each page), ``http_load`` (run creation and event appends, 4 clients, vs ``baseline``'s raw
+   psycopg transactions), ``sse`` (append commit → delivery on 100 open streams, on PostgreSQL
+   and on a SQLite file).
+3. ``peer_langgraph``: LangGraph's dev server vs ``agentledger serve`` with its worker, on a
+   trivial workload (skipped with a reason when the peer cannot be installed or started).
+4. ``report``: Markdown and JSON under ``bench/results/`` (timestamped, and ``latest.*``).
+
+Timing: ``time.perf_counter()`` around each complete operation, in the bench process.
+Throughput phases run a fixed time (10 s each; 2 s with ``--quick``) with 4 client threads.
+Latency percentiles (p50/p95/p99, linear interpolation between ranks) come from 300 samples per
+point read, 100 per list read, 50 per outcomes window (30/10/5 with ``--quick``: there p99 is
+about the maximum), each after 2 warm-up calls; SSE from 300 appends (40 quick); the peer from
+50 sequential runs (10 quick) and 10 s of load per concurrency level (3 s quick).
+
+Speed is measured, never asserted: ``tests/test_bench_smoke.py`` only checks that a quick run
+completes and writes every expected row.
+"""

@@ -1,0 +1,148 @@
+"""``python -m bench --db URL --runs N [--quick] [--skip-peer] [--reload] [--out DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agentledger.database import Database, normalize_url
+from agentledger.migrate import upgrade
+from bench import dashboards, dataset, http_load, peer_langgraph, reads, report, sse
+from bench.common import (
+    Row,
+    Server,
+    Sizes,
+    ensure_bench_agent,
+    is_postgres,
+    log,
+    token,
+)
+
+DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/agentledger_bench"
+SERVER_THREADS = 160  # 100 SSE streams hold one thread each
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
+    p.add_argument("--runs", type=int, default=None,
+                   help="runs in the data set (default 1,000,000; 2,000 with --quick)")
+    p.add_argument("--quick", action="store_true", help="small sizes: the whole suite in < 3 min")
+    p.add_argument("--skip-peer", action="store_true", help="do not run LangGraph (the peer)")
+    p.add_argument("--reload", action="store_true",
+                   help="drop and reload the data set even if the database holds enough runs")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"),
+                   help="where results go (default bench/results)")
+    return p.parse_args(argv)
+
+
+def _guarded(rows: list[Row], section: str, name: str, fn) -> None:
+    """Run one part; a failure becomes an ``error`` row instead of ending the whole bench."""
+    try:
+        rows.extend(fn())
+    except Exception as exc:  # noqa: BLE001 - reported in the results
+        traceback.print_exc()
+        rows.append(Row(section, name, "", status="error", note=f"{type(exc).__name__}: {exc}"))
+
+
+def _load_row(load: dataset.LoadResult) -> Row:
+    if load.reused:
+        return Row("load", "bulk import / demo seed (events/s)", "events/s", target="≥ 60,000 events/s",
+                   status="n/a", note="data set reused: load not measured (use --reload)",
+                   detail={"path": load.path})
+    eps = load.events_per_second
+    return Row("load", "bulk import / demo seed (events/s)", "events/s", eps, None, None,
+               {"path": load.path, "seconds": round(load.seconds, 1), "runs_per_s": load.runs_per_second,
+                "rows_per_s": load.rows_per_second, "runs_added": load.runs_added,
+                "events_added": load.events_added},
+               "≥ 60,000 events/s", "pass" if eps and eps >= 60000 else "miss",
+               f"{load.runs_per_second} runs/s, {load.rows_per_second} rows/s (all tables); "
+               f"path: {load.path}")
+
+
+def _sse_sqlite(workdir: Path, sizes: Sizes) -> list[Row]:
+    url = f"sqlite:///{workdir / 'sse.db'}"
+    upgrade(url)
+    db = Database(url)
+    try:
+        ensure_bench_agent(db)
+        viewer = token(db, "bench-viewer", "viewer")
+        with Server(url, workdir, threads=SERVER_THREADS, name="serve-sqlite") as srv:
+            return [sse.measure(db, srv.port, viewer, "SQLite", sizes, "", None)]
+    finally:
+        db.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    url = normalize_url(args.db)
+    sizes = Sizes.quick() if args.quick else Sizes()
+    runs = args.runs or (2000 if args.quick else 1_000_000)
+    pg = is_postgres(url)
+    started = time.perf_counter()
+    started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    workdir = Path(tempfile.mkdtemp(prefix="agentledger-bench-"))
+    log(f"logs and scratch files in {workdir}")
+
+    load = dataset.ensure(url, runs, reload=args.reload)
+    if not load.reused:
+        dataset.analyze(url)
+    rows: list[Row] = [_load_row(load)]
+    db = Database(url)
+    try:
+        ensure_bench_agent(db)
+        viewer = token(db, "bench-viewer", "viewer")
+        picked = reads.sample(db, 1)
+        with Server(url, workdir, threads=SERVER_THREADS) as srv:
+            _guarded(rows, "reads", "reads", lambda: reads.run(db, srv.base_url, viewer, pg, sizes))
+            _guarded(rows, "dashboards", "dashboards", lambda: dashboards.measure(
+                srv.base_url, viewer, dashboards.page_paths(picked.messages[0], picked.trees[0]),
+                sizes))
+            _guarded(rows, "writes", "run creation",
+                     lambda: http_load.run_creation(db, srv.base_url, pg, sizes))
+            _guarded(rows, "writes", "event appends",
+                     lambda: http_load.appends(db, srv.base_url, pg, sizes))
+            if pg:
+                _guarded(rows, "sse", "SSE PostgreSQL", lambda: [sse.measure(
+                    db, srv.port, viewer, "PostgreSQL", sizes, "p50 ≤ 50 ms, p99 ≤ 250 ms",
+                    (50.0, 250.0))])
+            else:
+                rows.append(Row("sse", f"SSE append → client, PostgreSQL, {sizes.sse_streams} "
+                                "streams (p50 / p99)", "ms p50", target="p50 ≤ 50 ms, p99 ≤ 250 ms",
+                                status="n/a", note="needs a PostgreSQL --db"))
+    finally:
+        db.dispose()
+    _guarded(rows, "sse", "SSE SQLite", lambda: _sse_sqlite(workdir, sizes))
+    _guarded(rows, "peer", "peer comparison",
+             lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer))
+
+    result = {
+        "started_at": started_at,
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": report.machine_info(url),
+        "config": {"quick": args.quick, "runs_requested": runs, "skip_peer": args.skip_peer,
+                   "sizes": sizes.__dict__},
+        "load": {"reused": load.reused, "path": load.path, "seconds": load.seconds,
+                 "runs": load.runs, "events": load.events},
+        "rows": report.rows_as_dicts(rows),
+    }
+    md, js = report.write(result, Path(args.out))
+    print(md.read_text())
+    log(f"results: {md} and {js}")
+    errors = [r for r in rows if r.status == "error"]
+    if errors:
+        log(f"{len(errors)} part(s) failed; logs kept in {workdir}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

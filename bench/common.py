@@ -1,0 +1,309 @@
+"""Shared pieces of the benchmark: timing and percentiles, result rows, database URLs, the
+``agentledger serve`` subprocess, and the bench's own agent, tokens and runs.
+
+Timing: every latency is ``time.perf_counter()`` around one complete operation (one HTTP
+request with its response body read, one read transaction, one raw transaction). Percentiles
+are linear interpolation between the closest ranks of the sorted samples (numpy's default);
+with n samples p99 is meaningful only when n ≥ 100, so the sizes in ``Sizes`` keep the point
+reads at ≥ 200 samples in the full run (≥ 30 with ``--quick``, where p99 ≈ the maximum).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from sqlalchemy.engine import make_url
+
+from agentledger.database import Database, normalize_url
+
+BENCH_AGENT = "bench-echo"
+BENCH_EXECUTOR = "bench-executor"
+
+
+# ---- sizes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How long / how many: the full run and ``--quick`` (the whole suite in < 3 minutes)."""
+
+    write_seconds: float = 10.0      # each write throughput phase (per path)
+    point_reads: int = 300           # samples per point read (provenance, run, events, tree)
+    list_reads: int = 100            # run list, interrupted list, timeline, lease health
+    outcome_reads: int = 50          # per window
+    sse_streams: int = 100
+    sse_appends: int = 300
+    dashboard_loads: int = 5         # first loads per page (the median load is reported)
+    peer_single: int = 50            # sequential runs at concurrency 1
+    peer_seconds: float = 10.0       # each runs/s phase
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(write_seconds=2.0, point_reads=30, list_reads=10, outcome_reads=5,
+                   sse_streams=100, sse_appends=40, dashboard_loads=1, peer_single=10,
+                   peer_seconds=3.0)
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+def percentile(samples: list[float], fraction: float) -> float | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    rank = fraction * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_ms(samples: list[float]) -> dict[str, float | None]:
+    """p50/p95/p99 in milliseconds of samples in seconds."""
+    return {f"p{int(f * 100)}": _ms(percentile(samples, f)) for f in (0.5, 0.95, 0.99)} | {
+        "n": len(samples)}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def timed(fn: Callable[[], Any], iterations: int, *, warmup: int = 2) -> list[float]:
+    """Call ``fn`` ``warmup`` + ``iterations`` times; the durations of the measured calls."""
+    for _ in range(warmup):
+        fn()
+    found = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        found.append(time.perf_counter() - start)
+    return found
+
+
+# ---- result rows -----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the results table.
+
+    ``project`` and ``raw`` are in ``unit`` (``ops/s`` for throughput, ``ms`` for latency: the
+    p95 unless the name says otherwise). ``ratio`` = project / raw for throughput and raw /
+    project for latencies, so 1.0 is "as fast as PostgreSQL itself" either way.
+    """
+
+    section: str
+    name: str
+    unit: str
+    project: float | None = None
+    raw: float | None = None
+    ratio: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    target: str = ""
+    status: str = ""  # pass | miss | n/a | skipped
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def throughput_ratio(project: float | None, raw: float | None) -> float | None:
+    if not project or not raw:
+        return None
+    return round(project / raw, 3)
+
+
+def latency_ratio(project: float | None, raw: float | None) -> float | None:
+    if not project or not raw:
+        return None
+    return round(raw / project, 3)
+
+
+# ---- databases -------------------------------------------------------------------------------
+
+
+def is_postgres(url: str) -> bool:
+    return make_url(normalize_url(url)).get_backend_name() == "postgresql"
+
+
+def libpq(url: str) -> str:
+    """The psycopg (libpq) form of a SQLAlchemy PostgreSQL URL."""
+    return make_url(normalize_url(url)).set(drivername="postgresql").render_as_string(
+        hide_password=False)
+
+
+def with_database(url: str, name: str) -> str:
+    return make_url(normalize_url(url)).set(database=name).render_as_string(hide_password=False)
+
+
+def create_pg_database(url: str, *, drop: bool = False) -> None:
+    """Create the database of ``url`` (on the same server) unless it exists."""
+    import psycopg
+
+    target = make_url(normalize_url(url)).database
+    with psycopg.connect(libpq(with_database(url, "postgres")), autocommit=True) as admin:
+        if drop:
+            admin.execute(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (target,)).fetchone()
+        if not exists:
+            admin.execute(f'CREATE DATABASE "{target}"')
+
+
+def drop_pg_database(url: str) -> None:
+    import psycopg
+
+    target = make_url(normalize_url(url)).database
+    with psycopg.connect(libpq(with_database(url, "postgres")), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
+
+
+# ---- the bench's own agent, tokens, sessions and runs (through ingest) ------------------------
+
+
+def ensure_bench_agent(db: Database) -> None:
+    from agentledger.errors import Conflict
+    from ingest.agents import AgentDefinition, register_agent
+
+    with db.write() as s:
+        try:
+            register_agent(s, BENCH_AGENT, AgentDefinition(name="Bench Echo", kind="echo"))
+        except Conflict:
+            pass
+
+
+def token(db: Database, owner: str, role: str) -> str:
+    from ingest.tokens import create_token
+
+    with db.write() as s:
+        return create_token(s, owner_id=owner, role=role)[1]
+
+
+def new_session(db: Database, owner: str, title: str = "bench") -> str:
+    from ingest.sessions import create_session
+
+    with db.write() as s:
+        return create_session(s, owner_id=owner, agent_id=BENCH_AGENT, title=title)
+
+
+def running_runs(db: Database, count: int, *, owner: str, executor: str,
+                 lease_seconds: float = 3600) -> list[str]:
+    """``count`` runs, each in its own session, claimed (running) by ``executor``."""
+    from ingest.leases import claim_run
+    from ingest.runs import post_message, request_checksum
+
+    found = []
+    for i in range(count):
+        session_id = new_session(db, owner, f"bench run {i}")
+        with db.write() as s:
+            key = f"bench-{time.time_ns()}-{i}"
+            body = {"content": f"bench {i}"}
+            posted = post_message(
+                s, owner_id=owner, session_id=session_id, idempotency_key=key,
+                checksum=request_checksum(f"/api/sessions/{session_id}/messages", body),
+                content=body["content"])
+        with db.write() as s:
+            claim_run(s, posted.run_id, executor, lease_seconds=lease_seconds)
+        found.append(posted.run_id)
+    return found
+
+
+def complete_runs(db: Database, run_ids: list[str], executor: str) -> None:
+    """End the bench's leftover running runs ``succeeded`` (keeps the data set consistent)."""
+    from agentledger.errors import LedgerError
+    from ingest.events import append_events
+
+    for run_id in run_ids:
+        try:
+            with db.write() as s:
+                append_events(s, run_id, [("run.completed", {"content": "bench done"})],
+                              executor_instance_id=executor)
+        except LedgerError:
+            pass
+
+
+# ---- the server subprocess -------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """``agentledger serve`` in its own process group, logged to a file; a context manager."""
+
+    def __init__(self, url: str, log_dir: Path, *, worker: bool = False, threads: int = 32,
+                 workers: int = 1, concurrency: int = 4, name: str = "serve",
+                 env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}-{self.port}.log"
+        args = [sys.executable, "-m", "agentledger.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(self.port), "--threads", str(threads), "--workers", str(workers),
+                "--concurrency", str(concurrency)]
+        if not worker:
+            args.append("--no-worker")
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+        environment.update({
+            "AGENTLEDGER_DATABASE_URL": url,
+            "AGENTLEDGER_SECRET_KEY": "agentledger-bench-secret",
+            "AGENTLEDGER_RUN_RATE_LIMIT": "0",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONWARNINGS": "ignore",
+        })
+        environment.update(env or {})
+        self._args, self._env, self._cwd = args, environment, log_dir
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Server:
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen(self._args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self._env, cwd=self._cwd,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agentledger serve exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{self.base_url}/api/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError(f"agentledger serve did not answer:\n{self.log_path.read_text()[-3000:]}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def http_session(token_value: str | None = None) -> requests.Session:
+    s = requests.Session()
+    if token_value:
+        s.headers["Authorization"] = f"Bearer {token_value}"
+    return s
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

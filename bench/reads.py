@@ -1,0 +1,160 @@
+"""The reads behind the API routes and dashboard pages: ``queries`` in-process, HTTP, raw SQL.
+
+Each read is timed ``iterations`` times (after 2 warm-up calls) on ids sampled at random from
+the data set, cycling through the sample: ``queries.*`` in a ``Database.read()`` transaction,
+the HTTP route (when the API has one) with a viewer token on a keep-alive session, and the
+equivalent hand-written SQL through psycopg in one transaction (PostgreSQL only).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import text
+
+from agentledger.database import Database
+from bench import baseline
+from bench.common import Row, Sizes, latency_ms, latency_ratio, libpq, log, timed
+from queries.agent_outcomes import agent_outcomes
+from queries.common import TimeWindow
+from queries.interrupted_runs import InterruptedFilters, interrupted_runs
+from queries.lease_health import lease_health
+from queries.provenance import message_provenance
+from queries.run_events import events_page
+from queries.run_tree import run_tree
+from queries.runs import RunFilters, get_run, list_runs
+from queries.status_timeline import status_timeline
+
+WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7),
+           "30d": timedelta(days=30)}
+
+
+@dataclass
+class Samples:
+    messages: list[str]     # assistant messages
+    runs: list[str]         # runs with ≥ 5 events
+    trees: list[str]        # runs of a delegation tree (any node)
+    agent_id: str
+    status: str
+
+
+def sample(db: Database, k: int = 200) -> Samples:
+    """Ids picked at random (a table scan or two, once)."""
+    with db.read() as s:
+        def ids(sql: str) -> list[str]:
+            return [r[0] for r in s.execute(text(sql), {"k": k}).all()]
+
+        messages = ids("SELECT id FROM message WHERE role = 'assistant' ORDER BY random() LIMIT :k")
+        runs = ids("SELECT id FROM agent_run WHERE last_event_seq >= 5 ORDER BY random() LIMIT :k")
+        trees = ids("SELECT id FROM agent_run WHERE parent_run_id IS NOT NULL"
+                    " ORDER BY random() LIMIT :k")
+        top = s.execute(text("SELECT agent_id, count(*) FROM agent_run GROUP BY agent_id"
+                             " ORDER BY count(*) DESC LIMIT 1")).first()
+    return Samples(messages or ["none"], runs or ["none"], trees or runs or ["none"],
+                   top[0] if top else "none", "succeeded")
+
+
+def _cycle(values: list[str]) -> Callable[[], str]:
+    it = itertools.cycle(values)
+    return lambda: next(it)
+
+
+def run(db: Database, base_url: str, viewer_token: str, pg: bool, sizes: Sizes) -> list[Row]:
+    import requests
+
+    picked = sample(db, max(sizes.point_reads, 50))
+    http = requests.Session()
+    http.headers["Authorization"] = f"Bearer {viewer_token}"
+    raw_conn = None
+    if pg:
+        import psycopg
+
+        raw_conn = psycopg.connect(libpq(db.url))
+    now = datetime.now(UTC)
+    day_ago = now - timedelta(days=1)
+    week_ago = now - timedelta(days=7)
+
+    def q(fn) -> Callable[[], None]:
+        def call() -> None:
+            with db.read() as s:
+                fn(s)
+        return call
+
+    def h(path_fn) -> Callable[[], None]:
+        def call() -> None:
+            reply = http.get(base_url + path_fn())
+            if reply.status_code != 200:
+                raise RuntimeError(f"{reply.status_code} {reply.text[:200]}")
+            reply.content  # noqa: B018 - the whole body is read
+        return call
+
+    def r(fn) -> Callable[[], None] | None:
+        if raw_conn is None:
+            return None
+
+        def call() -> None:
+            with raw_conn.transaction():
+                fn(raw_conn)
+        return call
+
+    msg, rn, tr = _cycle(picked.messages), _cycle(picked.runs), _cycle(picked.trees)
+    agent, status = picked.agent_id, picked.status
+    reads: list[tuple[str, int, Callable | None, Callable | None, Callable | None, str, float | None]] = [
+        ("provenance", sizes.point_reads,
+         q(lambda s: message_provenance(s, msg())), h(lambda: f"/api/messages/{msg()}/provenance"),
+         r(lambda c: baseline.provenance(c, msg())), "HTTP p95 ≤ 10 ms", 10.0),
+        ("run", sizes.point_reads,
+         q(lambda s: get_run(s, rn())), h(lambda: f"/api/agent-runs/{rn()}"),
+         r(lambda c: baseline.run(c, rn())), "HTTP p95 ≤ 10 ms", 10.0),
+        ("events page of 100", sizes.point_reads,
+         q(lambda s: events_page(s, rn(), limit=100)),
+         h(lambda: f"/api/agent-runs/{rn()}/events?limit=100"),
+         r(lambda c: baseline.events_page(c, rn())), "HTTP p95 ≤ 10 ms", 10.0),
+        ("run tree", sizes.point_reads,
+         q(lambda s: run_tree(s, tr())), h(lambda: f"/api/agent-runs/{tr()}/tree"),
+         r(lambda c: baseline.tree(c, tr())), "HTTP p95 ≤ 10 ms", 10.0),
+        ("run list (agent + status + created_after 7d)", sizes.list_reads,
+         q(lambda s: list_runs(s, RunFilters(status=status, agent_id=agent,
+                                             created_after=week_ago))),
+         h(lambda: f"/api/agent-runs?agent_id={agent}&status={status}&created_after="
+                   + week_ago.isoformat().replace("+00:00", "Z")),
+         r(lambda c: baseline.run_list(c, agent, status, week_ago)), "", None),
+        ("status timeline, 24 h window (300 rows)", sizes.list_reads,
+         q(lambda s: status_timeline(s, TimeWindow(day_ago, None))), None,
+         r(lambda c: baseline.status_timeline(c, day_ago)), "", None),
+        ("interrupted runs, 7 d (page of 50)", sizes.list_reads,
+         q(lambda s: interrupted_runs(s, InterruptedFilters(window=TimeWindow(week_ago, None)))),
+         None, r(lambda c: baseline.interrupted(c, week_ago)), "", None),
+        ("lease health", sizes.list_reads, q(lambda s: lease_health(s)), None,
+         r(lambda c: baseline.lease_health(c)), "", None),
+    ]
+    for label, delta in WINDOWS.items():
+        start = now - delta
+        reads.append((f"agent + version outcomes, {label}", sizes.outcome_reads,
+                      q(lambda s, start=start: agent_outcomes(s, TimeWindow(start, None))), None,
+                      r(lambda c, start=start: baseline.outcomes(c, start)),
+                      "queries p95 ≤ 20 ms", 20.0))
+    rows = []
+    for name, n, project, over_http, raw, target, limit in reads:
+        log(f"read: {name} ×{n}")
+        found = {"queries": latency_ms(timed(project, n))}
+        if over_http is not None:
+            found["http"] = latency_ms(timed(over_http, n))
+        if raw is not None:
+            found["raw"] = latency_ms(timed(raw, n))
+        judged = found["http"] if "http" in found and "HTTP" in target else found["queries"]
+        status_ = "n/a"
+        if limit is not None:
+            status_ = "pass" if judged["p95"] <= limit else "miss"
+        raw_p95 = found.get("raw", {}).get("p95")
+        rows.append(Row(
+            "reads", name, "ms p95", judged["p95"], raw_p95,
+            latency_ratio(found["queries"]["p95"], raw_p95), found, target, status_,
+            "project = " + ("HTTP" if judged is found.get("http") else "queries") +
+            "; ratio = raw p95 / queries p95"))
+    if raw_conn is not None:
+        raw_conn.close()
+    return rows

@@ -1,0 +1,105 @@
+"""The benchmark suite runs end to end (``python -m bench --quick --skip-peer``) on a fresh
+PostgreSQL database and on a SQLite file, and writes every expected row. Speed is measured by
+the bench, never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from agentledger.database import normalize_url
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+EXPECTED = {
+    "load": ["bulk import / demo seed (events/s)"],
+    "reads": [
+        "provenance", "run", "events page of 100", "run tree",
+        "run list (agent + status + created_after 7d)", "status timeline, 24 h window (300 rows)",
+        "interrupted runs, 7 d (page of 50)", "lease health",
+        *(f"agent + version outcomes, {w}" for w in ("1h", "24h", "7d", "30d")),
+    ],
+    "dashboards": [f"page {p}: initial callbacks" for p in (
+        "/", "/messages", "/messages/<message_id>", "/runs", "/runs/<run_id>", "/timeline",
+        "/interrupted", "/leases", "/agents", "/audit")],
+    "writes": ["run creation, 4 clients",
+               "event appends, batches of 1, 4 clients (events/s)",
+               "event appends, batches of 100, 4 clients (events/s)"],
+    "sse": ["SSE append → client, PostgreSQL, 100 streams (p50 / p99)",
+            "SSE append → client, SQLite, 100 streams (p50 / p99)"],
+    "peer": ["one run end to end, concurrency 1 (p50)", "one run end to end, concurrency 1 (p95)",
+             "trivial runs/s, concurrency 10", "trivial runs/s, concurrency 50"],
+}
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def fresh_pg_url():
+    admin_url = normalize_url(os.environ.get("AGENTLEDGER_TEST_PG_URL", DEFAULT_PG_URL))
+    try:
+        psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        if os.environ.get("AGENTLEDGER_REQUIRE_PG") == "1":
+            pytest.fail(f"PostgreSQL not reachable: {exc}", pytrace=False)
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
+    name = f"agentledger_benchsmoke_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    yield url  # the bench creates it (and its ``_peer`` companion, which it drops itself)
+    with psycopg.connect(_libpq(admin_url), autocommit=True) as admin:
+        for db in (name, f"{name}_peer"):
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _run_bench(url: str, out: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--db", url, "--quick", "--skip-peer", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert (out / "latest.md").is_file() and (out / "latest.json").is_file()
+    stamped = [p for p in out.iterdir() if p.name[0].isdigit()]
+    assert {p.suffix for p in stamped} == {".md", ".json"}
+    result = json.loads((out / "latest.json").read_text())
+    found = {(r["section"], r["name"]): r for r in result["rows"]}
+    for section, names in EXPECTED.items():
+        for name in names:
+            assert (section, name) in found, f"missing row {section} / {name}"
+    assert not [r for r in result["rows"] if r["status"] == "error"]
+    markdown = (out / "latest.md").read_text()
+    for names in EXPECTED.values():
+        for name in names:
+            assert name in markdown
+    for key in ("cpus", "memory_gb", "python", "git_commit"):
+        assert key in result["machine"]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_bench_on_postgresql(fresh_pg_url, tmp_path):
+    result = _run_bench(fresh_pg_url, tmp_path / "results")
+    assert result["machine"]["postgresql"]
+    rows = {(r["section"], r["name"]): r for r in result["rows"]}
+    # PostgreSQL runs have the raw psycopg baseline beside the project's numbers.
+    assert rows[("writes", "run creation, 4 clients")]["raw"]
+    assert rows[("reads", "provenance")]["detail"]["raw"]["n"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_bench_on_sqlite(tmp_path):
+    result = _run_bench(f"sqlite:///{tmp_path / 'bench.db'}", tmp_path / "results")
+    assert result["machine"]["database"] == "sqlite"
