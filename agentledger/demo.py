@@ -13,13 +13,31 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from tqdm import tqdm
 
 from agentledger.config import Settings
 from agentledger.database import Database
+from agentledger.demo_history import (
+    AGENTS,
+    CONTEXT_DOCS,
+    EXECUTORS,
+    LEASE,
+    OWNERS,
+    TOPICS,
+    VersionTimeline,
+    definition,
+    showcase_plan,
+    synthetic_history,
+)
+from agentledger.demo_history import (
+    outcome as pick_outcome,
+)
 from agentledger.errors import Conflict
-from ingest.agents import AgentDefinition, add_agent_version, register_agent
+from agentledger.schema import AgentVersion
+from ingest.agents import add_agent_version, register_agent
+from ingest.bulk_import import ImportReport, bulk_import
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.history import replay_at
@@ -32,32 +50,6 @@ from ingest.reconcile import (
 from ingest.runs import ContextItem, create_child_run, post_message, request_checksum
 from ingest.sessions import create_session, update_session
 
-LEASE = 120  # seconds; replayed heartbeats renew it like a live executor would
-OWNERS = ("alice", "bob", "carol", "dave", "erin")
-EXECUTORS = ("worker-eu-1", "worker-eu-2", "worker-us-1")
-
-# agent id -> list of (name, kind, model) per version, oldest first
-AGENTS = {
-    "support-bot": [("Support Bot", "scripted", "gpt-4o-mini"),
-                    ("Support Bot", "scripted", "gpt-4o"),
-                    ("Support Bot Pro", "scripted", "gpt-4.1")],
-    "researcher": [("Researcher", "scripted", "claude-3-5-sonnet"),
-                   ("Deep Researcher", "scripted", "claude-sonnet-4")],
-    "web-search": [("Web Search", "scripted", "tool-only"),
-                   ("Web Search", "scripted", "tool-only-v2")],
-    "summarizer": [("Summarizer", "scripted", "gpt-4o-mini"),
-                   ("Summarizer", "scripted", "gpt-4.1-mini"),
-                   ("Brief Writer", "scripted", "gpt-4.1-mini")],
-    "code-reviewer": [("Code Reviewer", "scripted", "o3-mini"),
-                      ("Code Reviewer", "scripted", "o4-mini")],
-    "echo": [("Echo", "echo", None), ("Echo", "echo", None)],
-}
-TOPICS = ("refund policy", "latency spike in eu-west", "Q3 churn numbers", "the onboarding flow",
-          "PR #4821 (retry logic)", "GDPR export request", "pricing page copy", "an outage postmortem",
-          "the SSO migration", "invoice INV-2231")
-CONTEXT_DOCS = (("kb-refunds", "Refund policy"), ("kb-sla", "Support SLA"),
-                ("runbook-latency", "Latency runbook"), ("style-guide", "Writing style guide"))
-
 
 @dataclass
 class _Plan:
@@ -67,16 +59,6 @@ class _Plan:
     depth: int
 
 
-def _definition(agent_id: str, version: int) -> AgentDefinition:
-    name, kind, model = AGENTS[agent_id][version - 1]
-    return AgentDefinition(
-        name=name, kind=kind, model=model,
-        instructions=f"You are {name} (v{version}). Be accurate and cite the context pack.",
-        tools=[{"name": "search"}, {"name": "fetch"}] if agent_id in ("researcher", "web-search") else [],
-        params={"steps": [{"say": "Working on: {input}"}]} if kind == "scripted" else {},
-    )
-
-
 def _ensure_agents(db: Database, start: datetime, days: int) -> dict[str, list[datetime]]:
     """Register every agent at ``start`` and schedule its later versions over the window."""
     schedule: dict[str, list[datetime]] = {}
@@ -84,7 +66,7 @@ def _ensure_agents(db: Database, start: datetime, days: int) -> dict[str, list[d
         with db.write() as s:
             replay_at(s, start)
             try:
-                register_agent(s, agent_id, _definition(agent_id, 1))
+                register_agent(s, agent_id, definition(agent_id, 1))
             except Conflict:
                 schedule[agent_id] = []
                 continue
@@ -166,25 +148,59 @@ class _Replayer:
             interrupt_executor_runs(self.s, executor, reason=outcome)
 
 
-# Each of these appears at least once in any seed with enough runs (see ``seed``).
-_SHOWCASE = ("failed", "cancelled", "lease_expired", "service_restart", "executor_shutdown",
-             "parent_terminal", "deep_tree")
+BULK_THRESHOLD = 2000
 
 
-def _outcome(rng: random.Random) -> str:
-    roll = rng.random()
-    for limit, outcome in ((0.74, "succeeded"), (0.83, "failed"), (0.89, "cancelled"),
-                           (0.94, "lease_expired"), (0.97, "service_restart")):
-        if roll < limit:
-            return outcome
-    return "executor_shutdown"
+def _all_versions_registered(db: Database, start: datetime, days: int) -> VersionTimeline:
+    """Register every agent and all its versions (at their scheduled moments, through
+    ``ingest.agents``); the timeline says which version was current when."""
+    due = _ensure_agents(db, start, days)
+    for moment, agent_id in sorted((m, a) for a, moments in due.items() for m in moments):
+        with db.write() as s:
+            replay_at(s, moment)
+            add_agent_version(s, agent_id, definition(agent_id, len(AGENTS[agent_id]) - len(due[agent_id]) + 1))
+        due[agent_id].pop(0)
+    with db.read() as s:
+        rows = s.execute(select(AgentVersion.agent_id, AgentVersion.version, AgentVersion.created_at)
+                         .order_by(AgentVersion.agent_id, AgentVersion.version)).all()
+    since: dict[str, list[tuple[datetime, int]]] = {}
+    for agent_id, version, created in rows:
+        since.setdefault(agent_id, []).append((created, version))
+    return VersionTimeline(since)
+
+
+def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None = None,
+              progress: bool = False, now: datetime | None = None,
+              batch_runs: int = 2000) -> ImportReport:
+    """Synthetic history written by the bulk import (see ``agentledger.demo_history``)."""
+    if runs < 1 or days < 1:
+        raise ValueError("runs and days must be at least 1")
+    now = now or datetime.now(UTC)
+    start = now - timedelta(days=days)
+    db = Database(settings.database_url)
+    try:
+        timeline = _all_versions_registered(db, start, days)
+        history = synthetic_history(runs=runs, start=start, days=days, versions=timeline, seed=seed)
+        with tqdm(total=runs, unit="run", desc="demo seed (bulk)", disable=not progress,
+                  file=sys.stderr) as bar:
+            return bulk_import(db, history, batch_runs=batch_runs, progress=bar.update)
+    finally:
+        db.dispose()
 
 
 def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | None = None,
          progress: bool = False, now: datetime | None = None) -> int:
-    """Write ``runs`` root runs (plus their delegated children); returns the number of roots."""
+    """Write ``runs`` root runs (plus their delegated children); returns the number of roots.
+
+    Up to ``BULK_THRESHOLD`` runs each run's life is replayed through the live ingest functions
+    (one transaction per run); above it the history is generated as ``ImportedRun`` trees and
+    written by ``ingest.bulk_import`` (COPY on PostgreSQL), about a hundred times faster.
+    """
     if runs < 1 or days < 1:
         raise ValueError("runs and days must be at least 1")
+    if runs > BULK_THRESHOLD:
+        bulk_seed(settings, runs=runs, days=days, seed=seed, progress=progress, now=now)
+        return runs
     rng = random.Random(seed)
     now = now or datetime.now(UTC)
     start = now - timedelta(days=days)
@@ -196,9 +212,7 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
         # Rare cases are left to chance only when there are too few runs to show them all: any
         # seed of 14 runs or more has every terminal status, every interruption reason and
         # a delegation tree of depth 3.
-        forced: dict[int, str] = {}
-        if runs >= 2 * len(_SHOWCASE):
-            forced = dict(zip(rng.sample(range(runs), len(_SHOWCASE)), _SHOWCASE, strict=True))
+        forced = showcase_plan(rng, runs)
         sessions: list[tuple[str, str]] = []
         bar = tqdm(total=runs, unit="run", desc="demo seed", disable=not progress, file=sys.stderr)
         for index, at in enumerate(moments):
@@ -207,7 +221,7 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
                 replay_at(s, at)
                 for agent_id, due in versions_due.items():
                     while due and due[0] <= at:
-                        add_agent_version(s, agent_id, _definition(agent_id, len(AGENTS[agent_id]) - len(due) + 1))
+                        add_agent_version(s, agent_id, definition(agent_id, len(AGENTS[agent_id]) - len(due) + 1))
                         due.pop(0)
                 if not sessions or rng.random() < 0.3:
                     owner = rng.choice(OWNERS)
@@ -235,7 +249,7 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
                     context=[ContextItem(d, t, f"{t}: text of {d} as of {at:%Y-%m-%d}", 1 + index % 3)
                              for d, t in docs],
                 )
-                outcome = _outcome(rng)
+                outcome = pick_outcome(rng)
                 depth = 0
                 if posted.agent_id == "researcher":
                     depth = rng.choice([1, 1, 2])
@@ -276,6 +290,13 @@ def seed_command(settings: Settings, *, runs: int, days: int, seed: int | None) 
     from agentledger.migrate import upgrade
 
     upgrade(settings.database_url)
-    written = globals()["seed"](settings, runs=runs, days=days, seed=seed, progress=True)
+    if runs > BULK_THRESHOLD:
+        report = bulk_seed(settings, runs=runs, days=days, seed=seed, progress=True)
+        print(f"bulk import: {report.runs} runs, {report.events} events, {report.messages} "
+              f"messages in {report.seconds:.1f} s ({report.runs_per_second:,.0f} runs/s, "
+              f"{report.events_per_second:,.0f} events/s)")
+        written = runs
+    else:
+        written = globals()["seed"](settings, runs=runs, days=days, seed=seed, progress=True)
     print(f"seeded {written} root runs over {days} days into {settings.database_url.split('@')[-1]}")
     return 0

@@ -98,7 +98,7 @@ def upsert_adding(
     if not rows:
         return
     module = postgresql if name(session) == "postgresql" else sqlite
-    stmt = module.insert(table).values(rows)
+    stmt = module.insert(table)
     new = stmt.excluded
     pick = func.least if name(session) == "postgresql" else func.min
     keep = func.greatest if name(session) == "postgresql" else func.max
@@ -113,4 +113,5 @@ def upsert_adding(
             set_[column] = keep(func.coalesce(old, new[column]), func.coalesce(new[column], old))
         else:
             set_[column] = old + new[column]
-    session.execute(stmt.on_conflict_do_update(index_elements=key_columns, set_=set_))
+    # executemany of one small statement: cheap to compile whatever the number of rows
+    session.execute(stmt.on_conflict_do_update(index_elements=key_columns, set_=set_), rows)

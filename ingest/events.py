@@ -23,6 +23,7 @@ from agentledger.hashing import event_hash
 from agentledger.ids import new_id
 from agentledger.schema import ACTIVE, TERMINAL, AgentRun, Message, RunEvent
 from ingest.event_types import validated_data
+from ingest.rollup import RunOutcome, record_run_end, run_usage
 from ingest.state_machine import next_status
 
 _RUN_COLUMNS = (
@@ -36,6 +37,10 @@ _RUN_COLUMNS = (
     AgentRun.owner_id,
     AgentRun.executor_instance_id,
     AgentRun.lease_expires_at,
+    AgentRun.agent_id,
+    AgentRun.agent_version,
+    AgentRun.created_at,
+    AgentRun.started_at,
 )
 
 
@@ -179,6 +184,15 @@ def append_events(
     if updated.rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
 
+    if status in TERMINAL:
+        # The outcome rollup moves in the same transaction as the run's ending (ingest.rollup).
+        # The batch's events are inserted already: this reads every usage event of the run.
+        tokens_in, tokens_out, cost = run_usage(session, run_id)
+        record_run_end(session, RunOutcome(
+            agent_id=run.agent_id, agent_version=run.agent_version, status=status,
+            created_at=run.created_at, started_at=values.get("started_at", run.started_at),
+            finished_at=now, input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost,
+        ))
     dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
     if status in TERMINAL and run.parent_run_id:
         _tell_parent(session, run.parent_run_id, run_id, status, now)

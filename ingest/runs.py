@@ -82,6 +82,11 @@ def agent_snapshot(session: Session, agent_id: str) -> dict[str, Any]:
     ).scalar_one_or_none()
     if row is None:
         raise UnknownAgent(f"agent {agent_id!r} is not registered")
+    return snapshot_of(row)
+
+
+def snapshot_of(row: AgentVersion) -> dict[str, Any]:
+    """The execution snapshot a run freezes of one agent version."""
     return {
         "agent_id": row.agent_id,
         "name": row.name,

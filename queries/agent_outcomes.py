@@ -2,7 +2,9 @@
 
 For runs created in a window: counts and rates by terminal status, latency percentiles (p50,
 p95, p99 of started → finished, for runs that ran and ended), queue wait (created → started),
-tokens and cost summed from ``usage`` events, and the trend per day. A run counts under the
+tokens and cost summed from ``usage`` events, and the trend per day. Ended runs are read from
+the incrementally maintained ``agent_outcome_rollup`` for whole UTC days, so a day-aligned
+window of any length answers without scanning runs; percentiles are histogram estimates. A run counts under the
 agent version frozen in its snapshot (``agent_run.agent_version``), so comparing versions
 compares what each really did.
 """
@@ -10,13 +12,28 @@ compares what each really did.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Float, and_, cast, func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import NON_TERMINAL, TERMINAL, Agent, AgentRun, AgentVersion, RunEvent
+from agentledger.outcome_histogram import (
+    BUCKETS,
+    LATENCY_COLUMNS,
+    WAIT_COLUMNS,
+    bucket_of,
+    estimate_percentiles,
+)
+from agentledger.schema import (
+    NON_TERMINAL,
+    TERMINAL,
+    Agent,
+    AgentOutcomeRollup,
+    AgentRun,
+    AgentVersion,
+    RunEvent,
+)
 from queries import _dialect
 from queries.common import TimeWindow, iso
 
@@ -101,11 +118,59 @@ class _Acc:
     by_status: dict[str, int] = field(default_factory=dict)
     latency_sum: float = 0.0
     latency_n: int = 0
+    latency_min: float | None = None
+    latency_max: float | None = None
+    latency_h: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     wait_sum: float = 0.0
     wait_n: int = 0
+    wait_min: float | None = None
+    wait_max: float | None = None
+    wait_h: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+
+    def merge(self, other: _Acc) -> None:
+        self.runs += other.runs
+        for status, n in other.by_status.items():
+            self.by_status[status] = self.by_status.get(status, 0) + n
+        self.latency_sum += other.latency_sum
+        self.latency_n += other.latency_n
+        self.wait_sum += other.wait_sum
+        self.wait_n += other.wait_n
+        self.latency_min = _lower(self.latency_min, other.latency_min)
+        self.latency_max = _higher(self.latency_max, other.latency_max)
+        self.wait_min = _lower(self.wait_min, other.wait_min)
+        self.wait_max = _higher(self.wait_max, other.wait_max)
+        self.latency_h = [a + b for a, b in zip(self.latency_h, other.latency_h, strict=True)]
+        self.wait_h = [a + b for a, b in zip(self.wait_h, other.wait_h, strict=True)]
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+
+    def add_run(self, status: str, latency: float | None, wait: float | None) -> None:
+        self.runs += 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        if latency is not None:
+            self.latency_n += 1
+            self.latency_sum += latency
+            self.latency_min = _lower(self.latency_min, latency)
+            self.latency_max = _higher(self.latency_max, latency)
+            self.latency_h[bucket_of(latency)] += 1
+        if wait is not None:
+            self.wait_n += 1
+            self.wait_sum += wait
+            self.wait_min = _lower(self.wait_min, wait)
+            self.wait_max = _higher(self.wait_max, wait)
+            self.wait_h[bucket_of(wait)] += 1
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    return a if b is None or (a is not None and a <= b) else b
+
+
+def _higher(a: float | None, b: float | None) -> float | None:
+    return a if b is None or (a is not None and a >= b) else b
 
 
 def _conditions(window: TimeWindow, agent_id: str | None) -> list:
@@ -115,86 +180,142 @@ def _conditions(window: TimeWindow, agent_id: str | None) -> list:
     return found
 
 
+def _midnight(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A window as whole UTC days (answered by the rollup) plus partial-day edges (scanned)."""
+
+    first_day: date | None  # None: from the beginning
+    end_day: date | None  # exclusive; None: to the end
+    edges: tuple[TimeWindow, ...]
+    has_days: bool
+
+
+def _split(window: TimeWindow) -> _Split:
+    start, end = window.start, window.end
+    first = None if start is None else _midnight(start)
+    if first is not None and first != start.astimezone(UTC):
+        first += timedelta(days=1)
+    last = None if end is None else _midnight(end)
+    if first is not None and last is not None and first >= last:
+        return _Split(None, None, (window,), False)
+    edges = []
+    if first is not None and start.astimezone(UTC) < first:
+        edges.append(TimeWindow(start, first))
+    if last is not None and last < end.astimezone(UTC):
+        edges.append(TimeWindow(last, end))
+    return _Split(first.date() if first else None, last.date() if last else None,
+                  tuple(edges), True)
+
+
+def _rollup_where(split: _Split, agent_id: str | None, version: int | None = None) -> list:
+    found = []
+    if split.first_day is not None:
+        found.append(AgentOutcomeRollup.day >= split.first_day)
+    if split.end_day is not None:
+        found.append(AgentOutcomeRollup.day < split.end_day)
+    if agent_id is not None:
+        found.append(AgentOutcomeRollup.agent_id == agent_id)
+    if version is not None:
+        found.append(AgentOutcomeRollup.agent_version == version)
+    return found
+
+
+_R = AgentOutcomeRollup.__table__.c
+
+
+def _from_rollup(session: Session, split: _Split, agent_id: str | None,
+                 versions: dict[tuple[str, int], _Acc]) -> None:
+    if not split.has_days:
+        return
+    hist = [func.sum(_R[c]) for c in (*LATENCY_COLUMNS, *WAIT_COLUMNS)]
+    rows = session.execute(
+        select(
+            _R.agent_id, _R.agent_version, _R.status,
+            func.sum(_R.runs), func.sum(_R.latency_n), func.sum(_R.latency_sum),
+            func.min(_R.latency_min), func.max(_R.latency_max),
+            func.sum(_R.wait_n), func.sum(_R.wait_sum), func.min(_R.wait_min), func.max(_R.wait_max),
+            func.sum(_R.input_tokens), func.sum(_R.output_tokens), func.sum(_R.cost_usd),
+            *hist,
+        )
+        .where(*_rollup_where(split, agent_id))
+        .group_by(_R.agent_id, _R.agent_version, _R.status)
+        .limit(MAX_GROUPS)
+    ).all()
+    for r in rows:
+        acc = _Acc(
+            runs=int(r[3]), by_status={r[2]: int(r[3])},
+            latency_n=int(r[4]), latency_sum=float(r[5]),
+            latency_min=None if r[6] is None else float(r[6]),
+            latency_max=None if r[7] is None else float(r[7]),
+            wait_n=int(r[8]), wait_sum=float(r[9]),
+            wait_min=None if r[10] is None else float(r[10]),
+            wait_max=None if r[11] is None else float(r[11]),
+            input_tokens=int(r[12]), output_tokens=int(r[13]), cost_usd=float(r[14]),
+            latency_h=[int(v) for v in r[15:15 + BUCKETS]],
+            wait_h=[int(v) for v in r[15 + BUCKETS:15 + 2 * BUCKETS]],
+        )
+        versions.setdefault((r[0], r[1]), _Acc()).merge(acc)
+
+
+def _scan(session: Session, where: list, versions: dict[tuple[str, int], _Acc]) -> None:
+    """Add the runs ``where`` selects, one by one (partial-day edges and live runs only)."""
+    runs = session.execute(
+        select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status, AgentRun.created_at,
+               AgentRun.started_at, AgentRun.finished_at).where(*where)
+    ).all()
+    for r in runs:
+        latency = wait = None
+        if r.started_at is not None:
+            wait = (r.started_at - r.created_at).total_seconds()
+            if r.status in TERMINAL and r.finished_at is not None:
+                latency = (r.finished_at - r.started_at).total_seconds()
+        versions.setdefault((r.agent_id, r.agent_version), _Acc()).add_run(r.status, latency, wait)
+    if not runs:
+        return
+    usage = session.execute(
+        select(AgentRun.agent_id, AgentRun.agent_version, RunEvent.data)
+        .join(RunEvent, and_(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage"))
+        .where(*where)
+        .order_by(RunEvent.run_id, RunEvent.seq)
+    ).all()
+    for r in usage:
+        acc = versions[(r.agent_id, r.agent_version)]
+        acc.input_tokens += int(r.data.get("input_tokens") or 0)
+        acc.output_tokens += int(r.data.get("output_tokens") or 0)
+        acc.cost_usd += float(r.data.get("cost_usd") or 0)
+
+
 def agent_outcomes(
     session: Session, window: TimeWindow, *, agent_id: str | None = None
 ) -> AgentOutcomes:
-    where = _conditions(window, agent_id)
-    latency = _dialect.seconds_between(session, AgentRun.started_at, AgentRun.finished_at)
-    wait = _dialect.seconds_between(session, AgentRun.created_at, AgentRun.started_at)
-    ended = AgentRun.status.in_(TERMINAL)
+    """Outcomes of the runs created in ``window``.
 
-    # 1. Counts, and sums for the means, per (agent, version, status).
-    counted = session.execute(
-        select(
-            AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
-            func.count().label("runs"),
-            func.sum(latency).label("latency_sum"), func.count(latency).label("latency_n"),
-            func.sum(wait).label("wait_sum"), func.count(wait).label("wait_n"),
-        )
-        .where(*where)
-        .group_by(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status)
-        .limit(MAX_GROUPS)
-    ).all()
-    # 2. Tokens and cost from usage events (primary-key range per run).
-    usage = session.execute(
-        select(
-            AgentRun.agent_id, AgentRun.agent_version,
-            func.sum(RunEvent.data["input_tokens"].as_integer()).label("input_tokens"),
-            func.sum(RunEvent.data["output_tokens"].as_integer()).label("output_tokens"),
-            func.sum(cast(RunEvent.data["cost_usd"].as_float(), Float)).label("cost_usd"),
-        )
-        .join(RunEvent, and_(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage"))
-        .where(*where)
-        .group_by(AgentRun.agent_id, AgentRun.agent_version)
-        .limit(MAX_GROUPS)
-    ).all()
-
+    Ended runs come from ``agent_outcome_rollup`` for the whole UTC days of the window; runs of
+    partial days at its edges, and runs that have not ended yet (few, on a partial index), are
+    read from ``agent_run``. Counts, rates, tokens and cost are exact; percentiles are
+    estimated from the rollup's log-scale histograms (within one bucket, ≤ 26 %), means exact.
+    """
+    split = _split(window)
     versions: dict[tuple[str, int], _Acc] = {}
-    for r in counted:
-        acc = versions.setdefault((r.agent_id, r.agent_version), _Acc())
-        acc.runs += r.runs
-        acc.by_status[r.status] = acc.by_status.get(r.status, 0) + r.runs
-        # Latency counts only for runs that ended; a running run's finished_at is NULL anyway.
-        acc.latency_sum += float(r.latency_sum or 0)
-        acc.latency_n += int(r.latency_n)
-        acc.wait_sum += float(r.wait_sum or 0)
-        acc.wait_n += int(r.wait_n)
-    for r in usage:
-        acc = versions.setdefault((r.agent_id, r.agent_version), _Acc())
-        acc.input_tokens += int(r.input_tokens or 0)
-        acc.output_tokens += int(r.output_tokens or 0)
-        acc.cost_usd += float(r.cost_usd or 0)
+    _from_rollup(session, split, agent_id, versions)
+    for edge in split.edges:
+        _scan(session, [*_conditions(edge, agent_id), AgentRun.status.in_(TERMINAL)], versions)
+    _scan(session, [*_conditions(window, agent_id), AgentRun.status.in_(NON_TERMINAL)], versions)
 
     agents: dict[str, _Acc] = {}
     for (agent, _version), acc in versions.items():
-        total = agents.setdefault(agent, _Acc())
-        total.runs += acc.runs
-        for status, n in acc.by_status.items():
-            total.by_status[status] = total.by_status.get(status, 0) + n
-        total.latency_sum += acc.latency_sum
-        total.latency_n += acc.latency_n
-        total.wait_sum += acc.wait_sum
-        total.wait_n += acc.wait_n
-        total.input_tokens += acc.input_tokens
-        total.output_tokens += acc.output_tokens
-        total.cost_usd += acc.cost_usd
-
-    # 3. Percentiles, per version and per agent.
-    base = select(AgentRun).where(*where)
-    ran = base.where(ended, AgentRun.started_at.is_not(None))
-    started = base.where(AgentRun.started_at.is_not(None))
-    by_version = (AgentRun.agent_id, AgentRun.agent_version)
-    by_agent = (AgentRun.agent_id,)
-    lat_v, t1 = _dialect.percentiles(session, ran, latency, by_version)
-    lat_a, t2 = _dialect.percentiles(session, ran, latency, by_agent)
-    wait_v, t3 = _dialect.percentiles(session, started, wait, by_version, (0.5, 0.95))
-    wait_a, t4 = _dialect.percentiles(session, started, wait, by_agent, (0.5, 0.95))
+        agents.setdefault(agent, _Acc()).merge(acc)
 
     names = _names(session, {a for a, _ in versions})
 
-    def outcome(agent: str, version: int | None, acc: _Acc, lat, waits) -> Outcome:
-        lat = lat or [None, None, None]
-        waits = waits or [None, None]
+    def outcome(agent: str, version: int | None, acc: _Acc) -> Outcome:
+        lat = estimate_percentiles(acc.latency_h, (0.5, 0.95, 0.99), acc.latency_min,
+                                   acc.latency_max)
+        waits = estimate_percentiles(acc.wait_h, (0.5, 0.95), acc.wait_min, acc.wait_max)
         return Outcome(
             agent_id=agent,
             version=version,
@@ -211,11 +332,9 @@ def agent_outcomes(
         )
 
     return AgentOutcomes(
-        agents=[outcome(a, None, acc, lat_a.get((a,)), wait_a.get((a,)))
-                for a, acc in sorted(agents.items())],
-        versions=[outcome(a, v, acc, lat_v.get((a, v)), wait_v.get((a, v)))
-                  for (a, v), acc in sorted(versions.items())],
-        percentiles_truncated=t1 or t2 or t3 or t4,
+        agents=[outcome(a, None, acc) for a, acc in sorted(agents.items())],
+        versions=[outcome(a, v, acc) for (a, v), acc in sorted(versions.items())],
+        percentiles_truncated=False,
     )
 
 
@@ -251,7 +370,47 @@ def outcome_trend(
     session: Session, window: TimeWindow, *, agent_id: str | None = None,
     version: int | None = None, bucket_seconds: int = DAY,
 ) -> OutcomeTrend:
-    """Runs created per bucket (a day by default) and status, oldest first."""
+    """Runs created per bucket (a day by default) and status, oldest first.
+
+    Day buckets come from the rollup for whole days (plus the edges and live runs, as in
+    ``agent_outcomes``); other bucket widths count ``agent_run`` rows.
+    """
+    if bucket_seconds != DAY:
+        return _trend_by_scan(session, window, agent_id, version, bucket_seconds)
+    split = _split(window)
+    counts: dict[tuple[int, str], int] = {}
+    if split.has_days:
+        for day, status, runs in session.execute(
+            select(_R.day, _R.status, func.sum(_R.runs))
+            .where(*_rollup_where(split, agent_id, version))
+            .group_by(_R.day, _R.status)
+        ):
+            if isinstance(day, str):  # pragma: no cover - SQLite without type processing
+                day = date.fromisoformat(day)
+            key = (int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()), status)
+            counts[key] = counts.get(key, 0) + int(runs)
+    scans = [(edge, AgentRun.status.in_(TERMINAL)) for edge in split.edges]
+    scans.append((window, AgentRun.status.in_(NON_TERMINAL)))
+    for part, status_filter in scans:
+        where = [*_conditions(part, agent_id), status_filter]
+        if version is not None:
+            where.append(AgentRun.agent_version == version)
+        bucket = _dialect.time_bucket(session, AgentRun.created_at, DAY).label("bucket")
+        for b, status, runs in session.execute(
+            select(bucket, AgentRun.status, func.count()).where(*where)
+            .group_by(bucket, AgentRun.status)
+        ):
+            counts[(int(b), status)] = counts.get((int(b), status), 0) + int(runs)
+    ordered = sorted(counts.items())
+    rows = [
+        {"bucket": iso(datetime.fromtimestamp(b, UTC)), "status": status, "count": n}
+        for (b, status), n in ordered[-MAX_TREND_ROWS:]
+    ]
+    return OutcomeTrend(DAY, rows, len(ordered) > MAX_TREND_ROWS)
+
+
+def _trend_by_scan(session: Session, window: TimeWindow, agent_id: str | None,
+                   version: int | None, bucket_seconds: int) -> OutcomeTrend:
     where = _conditions(window, agent_id)
     if version is not None:
         where.append(AgentRun.agent_version == version)

@@ -14,6 +14,10 @@ from queries.common import TimeWindow
 DAY = timedelta(days=1)
 WINDOW = TimeWindow(h.at_seconds(0), h.at_seconds(0) + 2 * DAY)
 approx = lambda value: pytest.approx(value, abs=0.01)  # noqa: E731
+# Percentiles are estimated from the rollup's log-scale histogram buckets (each 26 % wider than
+# the one before), so they are asserted within one bucket of the exact value; counts, rates,
+# means, tokens and cost stay exact.
+estimate = lambda value: pytest.approx(value, rel=0.26)  # noqa: E731
 
 
 @pytest.fixture
@@ -71,19 +75,21 @@ def test_per_version_counts_rates_latency_wait_tokens_cost(db, ledger):
     assert v1.by_status == {"succeeded": 2, "failed": 1, "cancelled": 1, "interrupted": 0,
                             "queued": 0, "running": 0, "cancelling": 0}
     assert v1.rates == {"succeeded": 0.5, "failed": 0.25, "cancelled": 0.25, "interrupted": 0.0}
-    # latencies 2, 4, 6 s; queue waits 1, 2, 3 s (percentile_cont interpolation)
-    assert (v1.latency_p50, v1.latency_p95, v1.latency_p99) == (approx(4), approx(5.8), approx(5.96))
+    # latencies 2, 4, 6 s; queue waits 1, 2, 3 s (percentile_cont interpolation, estimated)
+    assert (v1.latency_p50, v1.latency_p95, v1.latency_p99) == (estimate(4), estimate(5.8),
+                                                                estimate(5.96))
+    assert v1.latency_p99 <= 6  # never beyond the largest value seen
     assert v1.latency_mean == approx(4)
-    assert (v1.queue_wait_p50, v1.queue_wait_p95, v1.queue_wait_mean) == (approx(2), approx(2.9),
-                                                                           approx(2))
+    assert (v1.queue_wait_p50, v1.queue_wait_p95, v1.queue_wait_mean) == (estimate(2),
+                                                                           estimate(2.9), approx(2))
     assert (v1.input_tokens, v1.output_tokens, v1.cost_usd) == (350, 35, approx(0.035))
 
     v2 = found.version("alpha", 2)
     assert (v2.name, v2.runs, v2.finished, v2.unfinished) == ("Alpha Pro", 3, 2, 1)
     assert v2.by_status["interrupted"] == 1 and v2.by_status["running"] == 1
     assert v2.rates["succeeded"] == 0.5 and v2.rates["interrupted"] == 0.5
-    assert (v2.latency_p50, v2.latency_mean) == (approx(9.5), approx(9.5))  # 10 and 9 s
-    assert (v2.queue_wait_p50, v2.queue_wait_mean) == (approx(1), approx(4 / 3))  # 1, 1, 2 s
+    assert (v2.latency_p50, v2.latency_mean) == (estimate(9.5), approx(9.5))  # 10 and 9 s
+    assert (v2.queue_wait_p50, v2.queue_wait_mean) == (estimate(1), approx(4 / 3))  # 1, 1, 2 s
     assert (v2.input_tokens, v2.output_tokens, v2.cost_usd) == (1000, 100, approx(0.1))
 
 
@@ -93,11 +99,13 @@ def test_per_agent_totals_cover_all_versions(db, ledger):
     alpha, beta = found.agents
     assert (alpha.version, alpha.name, alpha.runs, alpha.finished) == (None, "Alpha Pro", 7, 6)
     # latencies 2, 4, 6, 9, 10 s
-    assert (alpha.latency_p50, alpha.latency_p95, alpha.latency_p99) == (approx(6), approx(9.8),
-                                                                         approx(9.96))
+    assert (alpha.latency_p50, alpha.latency_p95, alpha.latency_p99) == (estimate(6),
+                                                                         estimate(9.8),
+                                                                         estimate(9.96))
     assert alpha.latency_mean == approx(6.2)
     assert (alpha.input_tokens, alpha.output_tokens, alpha.cost_usd) == (1350, 135, approx(0.135))
     assert alpha.rates["succeeded"] == approx(3 / 6)
+    # one run: the estimate is clamped to the observed minimum and maximum, so it is exact
     assert (beta.runs, beta.latency_p50, beta.queue_wait_p50) == (1, approx(1), approx(1))
     assert (beta.input_tokens, beta.cost_usd) == (0, 0.0)
     assert not found.percentiles_truncated

@@ -1,0 +1,504 @@
+"""Bulk historical import: complete run histories written at COPY speed.
+
+Another system's history (or ``agentledger demo seed`` at scale) is described with plain
+dataclasses — ``ImportedSession``, ``ImportedRun`` (with nested child runs) and
+``ImportedEvent`` — and written in batches, each batch in one transaction: PostgreSQL gets
+``COPY … FROM STDIN`` on the SQLAlchemy connection's psycopg connection, SQLite gets
+``executemany``. Every run is checked before its batch writes anything, with the same rules
+as live traffic: each event's data against its type (``event_types.validated_data``), every
+transition against ``state_machine.next_status`` (the first event is ``run.queued``, written
+here; exactly one terminal event, and it is the last), times that never go backwards, agent
+versions that exist (register them through ``ingest.agents`` first), and child runs announced
+by a ``run.child_created`` of their parent. The rows are exactly what the live path would have
+stored: both frozen snapshots, the user and assistant messages, gapless seqs and the hash chain
+(``agentledger verify`` accepts them), the run head, leases, error, final message and times.
+Each batch also adds its runs to the outcome rollup (``ingest.rollup``) in the same
+transaction.
+
+A refused history raises before its batch writes anything; batches before it stay committed.
+Imported runs are always terminal, so a live worker never sees (or claims) one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.database import Database
+from agentledger.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
+from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
+from agentledger.ids import new_id
+from agentledger.schema import (
+    TERMINAL,
+    AgentRun,
+    AgentVersion,
+    ChatSession,
+    ContextBlob,
+    ConversationThread,
+    Message,
+    RunEvent,
+)
+from ingest.event_types import validated_data
+from ingest.rollup import RollupBatch, RunOutcome, usage_totals
+from ingest.runs import (
+    ContextItem,
+    context_pack,
+    idempotency_key_hash,
+    request_checksum,
+    snapshot_of,
+)
+from ingest.state_machine import next_status
+
+DEFAULT_BATCH_RUNS = 2000
+
+
+@dataclass
+class ImportedEvent:
+    """One event after ``run.queued`` (which the importer writes itself, at ``created_at``)."""
+
+    type: str
+    data: dict[str, Any]
+    at: datetime
+
+
+@dataclass
+class ImportedSession:
+    owner_id: str
+    agent_id: str  # the session's default agent (as it is at the end of the history)
+    created_at: datetime
+    title: str | None = None
+    id: str = field(default_factory=lambda: new_id("sess"))
+    thread_id: str = field(default_factory=lambda: new_id("thr"))
+    updated_at: datetime | None = None
+
+
+@dataclass
+class ImportedRun:
+    """One run's whole life. Root runs of a conversation name their session (a new
+    ``ImportedSession``, written with the first batch that uses it, or the id of a session that
+    exists); child runs are listed in their parent's ``children`` and announced by a
+    ``run.child_created`` event of the parent with ``{"child_run_id": child.id, "agent_id": …}``.
+    """
+
+    agent_id: str
+    agent_version: int
+    input: str
+    created_at: datetime
+    events: list[ImportedEvent]
+    owner_id: str | None = None  # defaults to the session's owner (root) or the parent's (child)
+    session: ImportedSession | str | None = None
+    children: list[ImportedRun] = field(default_factory=list)
+    context: list[ContextItem] = field(default_factory=list)  # root runs; children inherit
+    id: str = field(default_factory=lambda: new_id("run"))
+    idempotency_key: str | None = None
+    lease_expires_at: datetime | None = None  # default: from the last run.started event
+    last_heartbeat_at: datetime | None = None  # default: when it started
+
+
+@dataclass
+class ImportReport:
+    runs: int = 0
+    events: int = 0
+    messages: int = 0
+    sessions: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+    @property
+    def runs_per_second(self) -> float:
+        return self.runs / self.seconds if self.seconds else 0.0
+
+
+_RUN_COLUMNS = (
+    "id", "thread_id", "session_id", "root_run_id", "parent_run_id", "owner_id", "agent_id",
+    "agent_version", "status", "agent_execution_snapshot", "context_pack_snapshot", "input",
+    "user_message_id", "last_event_seq", "last_event_hash", "executor_instance_id",
+    "lease_expires_at", "last_heartbeat_at", "idempotency_key_hash", "request_checksum",
+    "final_message_id", "error", "created_at", "started_at", "finished_at",
+)
+_JSON_RUN_COLUMNS = ("agent_execution_snapshot", "context_pack_snapshot", "error")
+_MESSAGE_COLUMNS = ("id", "session_id", "thread_id", "owner_id", "role", "content", "run_id",
+                    "created_at")
+_EVENT_COLUMNS = ("run_id", "seq", "type", "data", "created_at", "hash")
+_THREAD_COLUMNS = ("id", "owner_id", "created_at")
+_SESSION_COLUMNS = ("id", "owner_id", "title", "agent_id", "thread_id", "created_at",
+                    "updated_at", "deleted_at")
+
+
+def _aware(moment: datetime, where: str) -> datetime:
+    if not isinstance(moment, datetime) or moment.tzinfo is None:
+        raise ValidationFailed(f"{where}: times must be timezone-aware datetimes")
+    return moment
+
+
+class _Batch:
+    """The rows of one batch, built and checked before anything is written."""
+
+    def __init__(self) -> None:
+        self.threads: list[tuple] = []
+        self.sessions: list[tuple] = []
+        self.runs: list[dict] = []
+        self.messages: list[tuple] = []
+        self.events: list[tuple] = []  # (run_id, seq, type, data_json, created_at, hash, data)
+        self.blobs: dict[str, str] = {}
+        self.rollup = RollupBatch()
+        self.root_runs = 0
+
+
+class BulkImporter:
+    """Writes ``ImportedRun`` trees in batches (see the module docstring)."""
+
+    def __init__(self, db: Database, *, batch_runs: int = DEFAULT_BATCH_RUNS,
+                 progress: Callable[[int], None] | None = None):
+        if batch_runs < 1:
+            raise ValueError("batch_runs must be at least 1")
+        self.db = db
+        self.batch_runs = batch_runs
+        self.progress = progress
+        self._snapshots: dict[tuple[str, int], tuple[dict, str]] = {}
+        self._sessions_written: set[str] = set()
+        self._existing_sessions: dict[str, tuple[str, str]] = {}
+        self.report = ImportReport()
+
+    # --- checking and building ---------------------------------------------------------------
+
+    def _snapshot(self, session: Session, agent_id: str, version: int) -> tuple[dict, str]:
+        key = (agent_id, version)
+        found = self._snapshots.get(key)
+        if found is None:
+            rows = session.execute(
+                select(AgentVersion).where(AgentVersion.agent_id == agent_id)
+            ).scalars().all()
+            for row in rows:
+                snap = snapshot_of(row)
+                self._snapshots[(row.agent_id, row.version)] = (snap, canonical_json(snap))
+            found = self._snapshots.get(key)
+            if found is None:
+                raise UnknownAgent(f"agent {agent_id!r} version {version} is not registered")
+        return found
+
+    def _session_of(self, session: Session, batch: _Batch, chat: ImportedSession | str):
+        """(session id, thread id, owner) of a root run's session, adding new ones to the batch."""
+        if isinstance(chat, str):
+            found = self._existing_sessions.get(chat)
+            if found is None:
+                row = session.execute(
+                    select(ChatSession.thread_id, ChatSession.owner_id).where(ChatSession.id == chat)
+                ).one_or_none()
+                if row is None:
+                    raise ValidationFailed(f"session {chat} does not exist")
+                found = self._existing_sessions[chat] = (row.thread_id, row.owner_id)
+            return chat, found[0], found[1]
+        if chat.id not in self._sessions_written:
+            created = _aware(chat.created_at, f"session {chat.id}")
+            self._snapshot(session, chat.agent_id, 1)  # the default agent must exist
+            batch.threads.append((chat.thread_id, chat.owner_id, created))
+            batch.sessions.append((chat.id, chat.owner_id, chat.title, chat.agent_id,
+                                   chat.thread_id, created, chat.updated_at or created, None))
+            self._sessions_written.add(chat.id)
+        return chat.id, chat.thread_id, chat.owner_id
+
+    def _add_tree(self, session: Session, batch: _Batch, run: ImportedRun) -> None:
+        if run.session is not None:
+            session_id, thread_id, owner = self._session_of(session, batch, run.session)
+            if run.owner_id is not None and run.owner_id != owner:
+                raise ValidationFailed(f"run {run.id}: owner differs from its session's owner")
+        else:
+            if run.owner_id is None:
+                raise ValidationFailed(f"run {run.id}: a run without a session needs owner_id")
+            session_id, owner = None, run.owner_id
+            thread_id = new_id("thr")
+            batch.threads.append((thread_id, owner, _aware(run.created_at, f"run {run.id}")))
+        pack, blobs = context_pack(list(run.context))
+        batch.blobs.update(blobs)
+        self._add_run(session, batch, run, session_id=session_id, thread_id=thread_id,
+                      owner=owner, root_id=run.id, parent=None, pack_json=canonical_json(pack))
+        batch.root_runs += 1
+
+    def _add_run(self, session: Session, batch: _Batch, run: ImportedRun, *, session_id,
+                 thread_id, owner, root_id, parent: ImportedRun | None, pack_json: str) -> None:
+        where = f"run {run.id}"
+        created = _aware(run.created_at, where)
+        snapshot, snapshot_json = self._snapshot(session, run.agent_id, run.agent_version)
+        if not isinstance(run.input, str):
+            raise ValidationFailed(f"{where}: input must be text")
+
+        queued = {"agent_id": run.agent_id, "session_id": session_id,
+                  "parent_run_id": parent.id if parent else None}
+        pending: list[tuple[str, dict, datetime]] = [("run.queued", queued, created)]
+        status, previous = "queued", created
+        started_at = finished_at = executor = lease = None
+        error = None
+        announced: dict[str, datetime] = {}
+        deltas: list[str] = []
+        answer: str | None = None
+        for n, event in enumerate(run.events, start=2):
+            at = _aware(event.at, f"{where} seq {n}")
+            if at < previous:
+                raise ValidationFailed(f"{where} seq {n}: event time goes backwards")
+            previous = at
+            try:
+                data = dict(validated_data(event.type, event.data))
+                status_after = next_status(status, event.type)
+            except LedgerError as exc:
+                raise type(exc)(f"{where} seq {n}: {exc.message}") from exc
+            if event.type == "run.started":
+                started_at, executor = at, data["executor_instance_id"]
+                lease = data.get("lease_expires_at")
+            elif event.type == "message.delta":
+                deltas.append(str(data.get("text", "")))
+            elif event.type == "run.child_created":
+                announced[str(data.get("child_run_id"))] = at
+            elif event.type == "run.completed":
+                content = data.pop("content", None)
+                answer = "".join(deltas) if content is None else content
+            elif event.type == "run.failed":
+                error = data["error"]
+            status = status_after
+            if status in TERMINAL:
+                finished_at = at
+            pending.append((event.type, data, at))
+        if status not in TERMINAL:
+            raise IllegalTransition(f"{where}: an imported history must end in a terminal event")
+        child_ids = [c.id for c in run.children]
+        if set(child_ids) != set(announced) or len(child_ids) != len(set(child_ids)):
+            raise ValidationFailed(f"{where}: its children and its run.child_created events differ")
+
+        final_message_id = None
+        if answer is not None:
+            final_message_id = new_id("msg")
+            batch.messages.append((final_message_id, session_id, thread_id, owner, "assistant",
+                                   answer, run.id, finished_at))
+        user_message_id = None
+        if session_id is not None and parent is None:
+            user_message_id = new_id("msg")
+            batch.messages.append((user_message_id, session_id, thread_id, owner, "user",
+                                   run.input, run.id, created))
+
+        chain, seq = GENESIS_HASH, 0
+        usage = []
+        for event_type, data, at in pending:
+            seq += 1
+            if event_type == "run.completed":
+                data["final_message_id"] = final_message_id
+            elif event_type == "usage":
+                usage.append(data)
+            data_json = canonical_json(data)
+            chain = event_hash_of_json(chain, run.id, seq, event_type, data_json, at)
+            batch.events.append((run.id, seq, event_type, data_json, at, chain, data))
+
+        if run.lease_expires_at is not None:
+            lease_at = _aware(run.lease_expires_at, where)
+        elif isinstance(lease, str):
+            try:
+                lease_at = _aware(datetime.fromisoformat(lease), f"{where} run.started")
+            except ValueError as exc:
+                raise ValidationFailed(f"{where}: run.started lease_expires_at is not a time") from exc
+        else:
+            lease_at = None
+        key_hash = checksum = None
+        if run.idempotency_key is not None:
+            key_hash = idempotency_key_hash(run.idempotency_key)
+            checksum = request_checksum(f"/api/sessions/{session_id}/messages",
+                                        {"content": run.input})
+        batch.runs.append({
+            "id": run.id, "thread_id": thread_id, "session_id": session_id,
+            "root_run_id": root_id, "parent_run_id": parent.id if parent else None,
+            "owner_id": owner, "agent_id": run.agent_id, "agent_version": run.agent_version,
+            "status": status, "agent_execution_snapshot": snapshot_json,
+            "context_pack_snapshot": pack_json, "input": run.input,
+            "user_message_id": user_message_id, "last_event_seq": seq, "last_event_hash": chain,
+            "executor_instance_id": executor, "lease_expires_at": lease_at,
+            "last_heartbeat_at": run.last_heartbeat_at or started_at,
+            "idempotency_key_hash": key_hash, "request_checksum": checksum,
+            "final_message_id": final_message_id,
+            "error": None if error is None else canonical_json(error),
+            "created_at": created, "started_at": started_at, "finished_at": finished_at,
+        })
+        tokens_in, tokens_out, cost = usage_totals(usage)
+        batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,
+                                    finished_at, tokens_in, tokens_out, cost))
+        del snapshot
+
+        for child in run.children:
+            if _aware(child.created_at, f"run {child.id}") < announced[child.id]:
+                raise ValidationFailed(f"run {child.id}: created before its parent announced it")
+            if child.session is not None or (child.owner_id not in (None, owner)):
+                raise ValidationFailed(f"run {child.id}: a child run has no session and its "
+                                       "parent's owner")
+            child_thread = new_id("thr")
+            batch.threads.append((child_thread, owner, child.created_at))
+            self._add_run(session, batch, child, session_id=None, thread_id=child_thread,
+                          owner=owner, root_id=root_id, parent=run, pack_json=pack_json)
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def _write(self, session: Session, batch: _Batch) -> None:
+        if dialect.name(session) == "postgresql":
+            self._copy(session, batch)
+        else:
+            self._executemany(session, batch)
+        if batch.blobs:
+            session.execute(
+                dialect.insert_ignoring_conflicts(session, ContextBlob.__table__, ["sha256"]),
+                [{"sha256": k, "content": v} for k, v in sorted(batch.blobs.items())],
+            )
+        batch.rollup.write(session)
+
+    @staticmethod
+    def _copy(session: Session, batch: _Batch) -> None:
+        raw = session.connection().connection.driver_connection  # the psycopg connection
+        with raw.cursor() as cursor:
+            for table, columns, rows in (
+                ("conversation_thread", _THREAD_COLUMNS, batch.threads),
+                ("chat_session", _SESSION_COLUMNS, batch.sessions),
+            ):
+                if rows:
+                    with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                        for row in rows:
+                            copy.write_row(row)
+            with cursor.copy(f"COPY agent_run ({', '.join(_RUN_COLUMNS)}) FROM STDIN") as copy:
+                for run in batch.runs:
+                    copy.write_row(tuple(run[c] for c in _RUN_COLUMNS))
+            if batch.messages:
+                with cursor.copy(f"COPY message ({', '.join(_MESSAGE_COLUMNS)}) FROM STDIN") as copy:
+                    for row in batch.messages:
+                        copy.write_row(row)
+            with cursor.copy(f"COPY run_event ({', '.join(_EVENT_COLUMNS)}) FROM STDIN") as copy:
+                for row in batch.events:
+                    copy.write_row(row[:6])
+
+    @staticmethod
+    def _executemany(session: Session, batch: _Batch) -> None:
+        if batch.threads:
+            session.execute(insert(ConversationThread),
+                            [dict(zip(_THREAD_COLUMNS, r, strict=True)) for r in batch.threads])
+        if batch.sessions:
+            session.execute(insert(ChatSession),
+                            [dict(zip(_SESSION_COLUMNS, r, strict=True)) for r in batch.sessions])
+        runs = []
+        for run in batch.runs:
+            row = dict(run)
+            for column in _JSON_RUN_COLUMNS:
+                if row[column] is not None:
+                    row[column] = json.loads(row[column])
+            runs.append(row)
+        session.execute(insert(AgentRun), runs)
+        if batch.messages:
+            session.execute(insert(Message),
+                            [dict(zip(_MESSAGE_COLUMNS, r, strict=True)) for r in batch.messages])
+        session.execute(insert(RunEvent), [
+            {"run_id": r[0], "seq": r[1], "type": r[2], "data": r[6], "created_at": r[4],
+             "hash": r[5]} for r in batch.events
+        ])
+
+    def _prepare(self, trees: list[ImportedRun]) -> _Batch:
+        """Check and build a batch's rows. Its few look-ups (agent versions, existing sessions)
+        read the primary on PostgreSQL (a read replica may lag behind agents registered just
+        before the import) in a transaction that is rolled back; SQLite reads in a read-only
+        transaction so that it does not take the write lock the batch being written holds."""
+        batch = _Batch()
+        if self.db.is_postgres:
+            with Session(self.db.engine, autoflush=False) as session:
+                try:
+                    for tree in trees:
+                        self._add_tree(session, batch, tree)
+                finally:
+                    session.rollback()
+        else:
+            with self.db.read() as session:
+                for tree in trees:
+                    self._add_tree(session, batch, tree)
+        return batch
+
+    def _commit(self, batch: _Batch) -> None:
+        with self.db.write() as session:
+            self._write(session, batch)
+        self.report.runs += len(batch.runs)
+        self.report.events += len(batch.events)
+        self.report.messages += len(batch.messages)
+        self.report.sessions += len(batch.sessions)
+        self.report.batches += 1
+        if self.progress is not None:
+            self.progress(batch.root_runs)
+
+    def _batches(self, trees: Iterable[ImportedRun]) -> Iterator[_Batch]:
+        pending: list[ImportedRun] = []
+        size = 0
+        for tree in trees:
+            pending.append(tree)
+            size += _tree_size(tree)
+            if size >= self.batch_runs:
+                yield self._prepare(pending)
+                pending, size = [], 0
+        if pending:
+            yield self._prepare(pending)
+
+    def run(self, trees: Iterable[ImportedRun]) -> ImportReport:
+        """Prepare batch n+1 in a helper thread while batch n is written.
+
+        Writing is mostly waiting for the database (the GIL is released meanwhile), so checking,
+        hashing and serialising the next batch overlap with it. A refused history stops the
+        import before its batch is written; batches before it are committed.
+        """
+        started = time.perf_counter()
+        batches = self._batches(trees)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulk-import") as pool:
+            upcoming = pool.submit(next, batches, None)
+            while True:
+                batch = upcoming.result()
+                if batch is None:
+                    break
+                upcoming = pool.submit(next, batches, None)
+                try:
+                    self._commit(batch)
+                except BaseException:
+                    upcoming.cancel()
+                    _drain(upcoming)
+                    raise
+        self.report.seconds = time.perf_counter() - started
+        return self.report
+
+
+def _drain(future) -> None:
+    """Let a preparation that already started finish (its error, if any, is not the story)."""
+    try:
+        future.result()
+    except BaseException:  # noqa: BLE001, S110 - the write's own error is what is raised
+        pass
+
+
+def _tree_size(run: ImportedRun) -> int:
+    return 1 + sum(_tree_size(c) for c in run.children)
+
+
+def bulk_import(db: Database, runs: Iterable[ImportedRun], *,
+                batch_runs: int = DEFAULT_BATCH_RUNS,
+                progress: Callable[[int], None] | None = None) -> ImportReport:
+    """Import root runs (each with its child runs) in batches of about ``batch_runs`` runs.
+
+    ``progress`` is called after each committed batch with the number of root runs it held.
+    A written session (``ImportedSession``) is remembered by this call only: pass its id as a
+    string in later calls.
+    """
+    return BulkImporter(db, batch_runs=batch_runs, progress=progress).run(runs)
+
+
+def iter_runs(trees: Iterable[ImportedRun]) -> Iterator[ImportedRun]:
+    """Every run of the trees, parents before children."""
+    for tree in trees:
+        yield tree
+        yield from iter_runs(tree.children)

@@ -1,0 +1,190 @@
+"""The per-agent outcome rollup (``agent_outcome_rollup``), kept in step with run endings.
+
+``append_events`` calls ``record_run_end`` in the transaction that appends a run's terminal
+event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
+frozen agent version, the UTC day it was *created* (the day the read side's windows select
+runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
+when it ends: a terminal event is always the last one, so that sum is final, and a run that
+has not ended is not in the rollup at all (the read side adds those few live runs itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from agentledger import dialect
+from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
+from agentledger.schema import TERMINAL, AgentOutcomeRollup, AgentRun, RunEvent
+
+ROLLUP = AgentOutcomeRollup.__table__
+KEY = ["agent_id", "agent_version", "day", "status"]
+_SUMS = ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
+         "output_tokens", "cost_usd")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    agent_id: str
+    agent_version: int
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def latency(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+    @property
+    def wait(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.started_at - self.created_at).total_seconds()
+
+
+def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float]:
+    """(input tokens, output tokens, cost) summed over ``usage`` event data."""
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    for d in datas:
+        tokens_in += int(d.get("input_tokens") or 0)
+        tokens_out += int(d.get("output_tokens") or 0)
+        cost += float(d.get("cost_usd") or 0)
+    return tokens_in, tokens_out, cost
+
+
+@dataclass
+class _Row:
+    sums: dict = field(default_factory=lambda: dict.fromkeys(_SUMS, 0))
+    latency_min: float | None = None
+    latency_max: float | None = None
+    wait_min: float | None = None
+    wait_max: float | None = None
+    latency_h: dict[int, int] = field(default_factory=dict)
+    wait_h: dict[int, int] = field(default_factory=dict)
+
+
+def _lower(a: float | None, b: float) -> float:
+    return b if a is None or b < a else a
+
+
+def _higher(a: float | None, b: float) -> float:
+    return b if a is None or b > a else a
+
+
+class RollupBatch:
+    """Ended runs summed in memory per rollup key, then written with one upsert."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int, date, str], _Row] = {}
+
+    def add(self, outcome: RunOutcome) -> None:
+        if outcome.status not in TERMINAL:
+            raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
+        key = (outcome.agent_id, outcome.agent_version, outcome.created_at.date(), outcome.status)
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = _Row()
+        sums = row.sums
+        sums["runs"] += 1
+        sums["input_tokens"] += outcome.input_tokens
+        sums["output_tokens"] += outcome.output_tokens
+        sums["cost_usd"] += outcome.cost_usd
+        latency, wait = outcome.latency, outcome.wait
+        if latency is not None:
+            sums["latency_n"] += 1
+            sums["latency_sum"] += latency
+            row.latency_min, row.latency_max = _lower(row.latency_min, latency), _higher(row.latency_max, latency)
+            b = bucket_of(latency)
+            row.latency_h[b] = row.latency_h.get(b, 0) + 1
+        if wait is not None:
+            sums["wait_n"] += 1
+            sums["wait_sum"] += wait
+            row.wait_min, row.wait_max = _lower(row.wait_min, wait), _higher(row.wait_max, wait)
+            b = bucket_of(wait)
+            row.wait_h[b] = row.wait_h.get(b, 0) + 1
+
+    def write(self, session: Session) -> None:
+        """One upsert for the whole batch (keys sorted: concurrent writers lock in one order)."""
+        if not self.rows:
+            return
+        used_latency = sorted({b for r in self.rows.values() for b in r.latency_h})
+        used_wait = sorted({b for r in self.rows.values() for b in r.wait_h})
+        values = []
+        for key in sorted(self.rows):
+            row = self.rows[key]
+            item = dict(zip(KEY, key, strict=True))
+            item.update(row.sums)
+            item["latency_sum"] = float(item["latency_sum"])
+            item["wait_sum"] = float(item["wait_sum"])
+            item["cost_usd"] = float(item["cost_usd"])
+            item.update(latency_min=row.latency_min, latency_max=row.latency_max,
+                        wait_min=row.wait_min, wait_max=row.wait_max)
+            for b in used_latency:
+                item[LATENCY_COLUMNS[b]] = row.latency_h.get(b, 0)
+            for b in used_wait:
+                item[WAIT_COLUMNS[b]] = row.wait_h.get(b, 0)
+            values.append(item)
+        dialect.upsert_adding(session, ROLLUP, KEY, values,
+                              least=("latency_min", "wait_min"),
+                              greatest=("latency_max", "wait_max"))
+        self.rows.clear()
+
+
+def record_run_end(session: Session, outcome: RunOutcome) -> None:
+    """Add one ended run to the rollup (called by ``append_events`` in the ending transaction)."""
+    batch = RollupBatch()
+    batch.add(outcome)
+    batch.write(session)
+
+
+def run_usage(session: Session, run_id: str) -> tuple[int, int, float]:
+    """Tokens and cost of the run's stored ``usage`` events (a primary-key range read)."""
+    return usage_totals(session.execute(
+        select(RunEvent.data).where(RunEvent.run_id == run_id, RunEvent.type == "usage")
+        .order_by(RunEvent.seq)
+    ).scalars())
+
+
+def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
+    """Recompute the whole rollup from ``agent_run`` and ``run_event``; returns runs counted.
+
+    For the migration that introduces the rollup and for repairs; live traffic never needs it.
+    """
+    session.execute(delete(AgentOutcomeRollup))
+    counted, after = 0, ""
+    while True:
+        runs = session.execute(
+            select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
+                   AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at)
+            .where(AgentRun.status.in_(TERMINAL), AgentRun.id > after)
+            .order_by(AgentRun.id).limit(chunk)
+        ).all()
+        if not runs:
+            return counted
+        usage: dict[str, list[dict]] = {}
+        for run_id, data in session.execute(
+            select(RunEvent.run_id, RunEvent.data)
+            .where(RunEvent.run_id.in_([r.id for r in runs]), RunEvent.type == "usage")
+            .order_by(RunEvent.run_id, RunEvent.seq)
+        ):
+            usage.setdefault(run_id, []).append(data)
+        batch = RollupBatch()
+        for r in runs:
+            tokens_in, tokens_out, cost = usage_totals(usage.get(r.id, ()))
+            batch.add(RunOutcome(r.agent_id, r.agent_version, r.status, r.created_at,
+                                 r.started_at, r.finished_at or r.created_at,
+                                 tokens_in, tokens_out, cost))
+        batch.write(session)
+        counted += len(runs)
+        after = runs[-1].id

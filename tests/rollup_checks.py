@@ -1,0 +1,72 @@
+"""The outcome rollup recomputed by a full scan of ``agent_run`` / ``run_event``, for tests."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from agentledger.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
+from agentledger.schema import TERMINAL, AgentOutcomeRollup, AgentRun, RunEvent
+
+
+def _empty() -> dict:
+    return {"runs": 0, "latency_n": 0, "latency_sum": 0.0, "latency_min": None,
+            "latency_max": None, "wait_n": 0, "wait_sum": 0.0, "wait_min": None, "wait_max": None,
+            "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+            "latency_h": [0] * BUCKETS, "wait_h": [0] * BUCKETS}
+
+
+def scanned(db) -> dict:
+    """{(agent, version, day, status): sums} from every ended run, read straight from the tables."""
+    with db.read() as s:
+        runs = s.execute(select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version,
+                                AgentRun.status, AgentRun.created_at, AgentRun.started_at,
+                                AgentRun.finished_at).where(AgentRun.status.in_(TERMINAL))).all()
+        usage: dict[str, list[dict]] = {}
+        for run_id, data in s.execute(select(RunEvent.run_id, RunEvent.data)
+                                      .where(RunEvent.type == "usage")
+                                      .order_by(RunEvent.run_id, RunEvent.seq)):
+            usage.setdefault(run_id, []).append(data)
+    found: dict = {}
+    for r in runs:
+        row = found.setdefault((r.agent_id, r.agent_version, r.created_at.date(), r.status), _empty())
+        row["runs"] += 1
+        for d in usage.get(r.id, ()):
+            row["input_tokens"] += d["input_tokens"]
+            row["output_tokens"] += d["output_tokens"]
+            row["cost_usd"] += d["cost_usd"]
+        if r.started_at is not None:
+            for name, value in (("latency", (r.finished_at - r.started_at).total_seconds()),
+                                ("wait", (r.started_at - r.created_at).total_seconds())):
+                row[f"{name}_n"] += 1
+                row[f"{name}_sum"] += value
+                row[f"{name}_min"] = value if row[f"{name}_min"] is None else min(row[f"{name}_min"], value)
+                row[f"{name}_max"] = value if row[f"{name}_max"] is None else max(row[f"{name}_max"], value)
+                row[f"{name}_h"][bucket_of(value)] += 1
+    return found
+
+
+def stored(db) -> dict:
+    table = AgentOutcomeRollup.__table__
+    with db.read() as s:
+        rows = s.execute(select(table)).mappings().all()
+    found = {}
+    for r in rows:
+        row = {k: r[k] for k in _empty() if not k.endswith("_h")}
+        row["latency_h"] = [r[c] for c in LATENCY_COLUMNS]
+        row["wait_h"] = [r[c] for c in WAIT_COLUMNS]
+        found[(r["agent_id"], r["agent_version"], r["day"], r["status"])] = row
+    return found
+
+
+def assert_rollup_matches_scan(db) -> int:
+    """Exact counts, tokens and histograms; sums of floats to 1e-6. Returns the runs counted."""
+    expected, got = scanned(db), stored(db)
+    assert set(got) == set(expected)
+    for key, want in expected.items():
+        have = got[key]
+        for column, value in want.items():
+            if isinstance(value, float):
+                assert abs(have[column] - value) <= 1e-6 * max(1.0, abs(value)), (key, column)
+            else:
+                assert have[column] == value, (key, column, have[column], value)
+    return sum(v["runs"] for v in expected.values())

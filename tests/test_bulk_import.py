@@ -1,0 +1,251 @@
+"""ingest.bulk_import: complete histories at COPY speed (PostgreSQL) or executemany (SQLite),
+exactly as the live path would have stored them: verify accepts them, seqs and hashes are right,
+the outcome rollup moves with them, and an invalid history writes nothing."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from factories import claim, make_agent, make_session
+from ledger_checks import assert_run_invariants, counts, events, message_row, run_row
+from rollup_checks import assert_rollup_matches_scan
+from sqlalchemy import func, select
+
+from agentledger import demo
+from agentledger.config import Settings
+from agentledger.demo_history import synthetic_history
+from agentledger.errors import (
+    CancelRequested,
+    IllegalTransition,
+    LedgerError,
+    RunTerminal,
+    UnknownAgent,
+    ValidationFailed,
+)
+from agentledger.hashing import GENESIS_HASH, event_hash
+from agentledger.schema import AgentRun, ChatSession, Message, RunEvent
+from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import, iter_runs
+from ingest.runs import ContextItem
+from queries.chain_verification import verify_chains
+
+T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+INTERRUPT_REASONS = {"lease_expired", "parent_terminal", "service_restart", "executor_shutdown"}
+
+
+def s(seconds: float) -> datetime:
+    return T + timedelta(seconds=seconds)
+
+
+def ev(type_: str, data: dict, at: float) -> ImportedEvent:
+    return ImportedEvent(type_, data, s(at))
+
+
+def started(at: float, executor: str = "ext-1") -> ImportedEvent:
+    return ev("run.started", {"executor_instance_id": executor,
+                              "lease_expires_at": s(at + 60).isoformat()}, at)
+
+
+def answered_run(chat, *, content="hi", answer=("Hel", "lo"), at=0.0, children=(), extra=()):
+    evs = [started(at + 1), *extra]
+    evs += [ev("message.delta", {"text": part}, at + 4 + n / 10) for n, part in enumerate(answer)]
+    evs += [ev("usage", {"input_tokens": 10, "output_tokens": 3, "cost_usd": 0.002}, at + 4.5),
+            ev("run.completed", {}, at + 5)]
+    return ImportedRun(agent_id="alpha", agent_version=1, input=content, created_at=s(at),
+                       events=evs, session=chat, children=list(children))
+
+
+@pytest.fixture
+def agents(db):
+    make_agent(db, "alpha", versions=2)
+    make_agent(db, "beta")
+    return db
+
+
+def test_a_hand_built_history_is_stored_like_the_live_path(agents):
+    db = agents
+    chat = ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-10), title="imported")
+    child = ImportedRun(agent_id="beta", agent_version=1, input="sub", created_at=s(2.5), events=[
+        started(3, "ext-2"),
+        ev("run.failed", {"error": {"code": "tool_error", "message": "timeout"}}, 4),
+    ])
+    parent = answered_run(chat, children=[child], extra=[
+        ev("run.child_created", {"child_run_id": child.id, "agent_id": "beta"}, 2.5),
+        ev("run.child_finished", {"child_run_id": child.id, "status": "failed"}, 4),
+    ])
+    parent.context = [ContextItem("kb-1", "KB", "knowledge", 2)]
+    parent.idempotency_key = "import-1"
+    report = bulk_import(db, [parent])
+    assert (report.runs, report.events, report.messages, report.sessions) == (2, 11, 2, 1)
+
+    with db.read() as session:
+        assert verify_chains(session).ok
+    p, c = run_row(db, parent.id), run_row(db, child.id)
+    assert (p.status, p.root_run_id, p.parent_run_id, p.session_id) == ("succeeded", parent.id, None, chat.id)
+    assert (c.status, c.root_run_id, c.parent_run_id, c.session_id) == ("failed", parent.id, parent.id, None)
+    assert c.thread_id != p.thread_id and p.thread_id == chat.thread_id
+    assert p.agent_execution_snapshot["name"] == "Alpha" and p.agent_execution_snapshot["version"] == 1
+    assert c.context_pack_snapshot == p.context_pack_snapshot
+    assert p.context_pack_snapshot["items"][0]["id"] == "kb-1"
+    assert (p.created_at, p.started_at, p.finished_at) == (s(0), s(1), s(5))
+    assert (p.executor_instance_id, p.lease_expires_at, c.executor_instance_id) == ("ext-1", s(61), "ext-2")
+    assert c.error == {"code": "tool_error", "message": "timeout"} and p.error is None
+    assert p.idempotency_key_hash is not None and c.final_message_id is None
+    answer = message_row(db, p.final_message_id)
+    assert (answer.role, answer.content, answer.run_id, answer.created_at) == ("assistant", "Hello", parent.id, s(5))
+    question = message_row(db, p.user_message_id)
+    assert (question.role, question.content, question.session_id) == ("user", "hi", chat.id)
+
+    evs = assert_run_invariants(db, parent.id)
+    assert [e.type for e in evs] == ["run.queued", "run.started", "run.child_created",
+                                     "run.child_finished", "message.delta", "message.delta",
+                                     "usage", "run.completed"]
+    assert evs[0].data == {"agent_id": "alpha", "session_id": chat.id, "parent_run_id": None}
+    assert evs[-1].data == {"final_message_id": p.final_message_id}
+    assert assert_run_invariants(db, child.id)[0].data["parent_run_id"] == parent.id
+    # the stored hashes are the chain of the live path's event_hash
+    with db.read() as session:
+        stored = session.execute(select(RunEvent.seq, RunEvent.type, RunEvent.data,
+                                        RunEvent.created_at, RunEvent.hash)
+                                 .where(RunEvent.run_id == parent.id).order_by(RunEvent.seq)).all()
+    chain = GENESIS_HASH
+    for row in stored:
+        chain = event_hash(chain, parent.id, row.seq, row.type, row.data, row.created_at)
+        assert row.hash == chain
+    assert (p.last_event_seq, p.last_event_hash) == (8, chain)
+    assert_rollup_matches_scan(db)
+    # imported runs are terminal: a live worker finds nothing to claim
+    assert claim(db) == []
+
+
+def test_import_into_an_existing_session_and_runs_without_a_session(agents):
+    db = agents
+    existing = make_session(db, owner="bob", agent_id="alpha")
+    first = answered_run(existing, at=0)
+    lone = ImportedRun(agent_id="beta", agent_version=1, input="cron job", created_at=s(1),
+                       owner_id="svc", events=[ev("run.cancelled", {"external_stop_confirmed": True}, 2)])
+    bulk_import(db, [first, lone])
+    assert run_row(db, first.id).owner_id == "bob"
+    assert run_row(db, first.id).thread_id == h_thread(db, existing)
+    row = run_row(db, lone.id)
+    assert (row.status, row.session_id, row.owner_id, row.started_at) == ("cancelled", None, "svc", None)
+    assert [e.type for e in events(db, lone.id)] == ["run.queued", "run.cancelled"]
+    assert_rollup_matches_scan(db)
+
+
+def h_thread(db, session_id):
+    with db.read() as session:
+        return session.execute(select(ChatSession.thread_id).where(ChatSession.id == session_id)).scalar_one()
+
+
+def _bad_histories(chat):
+    def run(*evs, agent="alpha", version=1, **kw):
+        return ImportedRun(agent_id=agent, agent_version=version, input="x", created_at=s(0),
+                           events=list(evs), session=chat, **kw)
+
+    done = ev("run.completed", {}, 9)
+    orphan = ImportedRun(agent_id="beta", agent_version=1, input="x", created_at=s(2), events=[
+        ev("run.interrupted", {"reason": "parent_terminal"}, 3)])
+    return {
+        "no terminal event": (run(started(1)), IllegalTransition),
+        "event after the terminal one": (run(started(1), done, ev("usage", {
+            "input_tokens": 1, "output_tokens": 1, "cost_usd": 0}, 10)), RunTerminal),
+        "two terminal events": (run(started(1), done, done), RunTerminal),
+        "progress before start": (run(ev("message.delta", {"text": "x"}, 1), done), IllegalTransition),
+        "completed while cancelling": (run(started(1), ev("run.cancelling", {"requested_by": "u"}, 2),
+                                           done), CancelRequested),
+        "bad event data": (run(started(1), ev("usage", {"input_tokens": -1, "output_tokens": 0,
+                                                       "cost_usd": 0}, 2), done), ValidationFailed),
+        "unknown event type": (run(started(1), ev("run.paused", {}, 2), done), ValidationFailed),
+        "run.queued given": (run(ev("run.queued", {}, 0), started(1), done), IllegalTransition),
+        "time goes backwards": (run(started(5), ev("run.completed", {}, 4)), ValidationFailed),
+        "naive time": (run(ImportedEvent("run.cancelled", {"external_stop_confirmed": True},
+                                         datetime(2026, 1, 1))), ValidationFailed),
+        "unknown agent version": (run(started(1), done, version=9), UnknownAgent),
+        "unknown agent": (run(started(1), done, agent="nobody"), UnknownAgent),
+        "child not announced": (run(started(1), done, children=[orphan]), ValidationFailed),
+        "NUL in text": (run(started(1), ev("message.delta", {"text": "a\x00"}, 2), done), ValidationFailed),
+    }
+
+
+def test_an_invalid_history_is_refused_and_writes_nothing(agents):
+    db = agents
+    good = answered_run(ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-1)))
+    bulk_import(db, [good])
+    before = counts(db)
+    with db.read() as session:
+        sessions_before = session.execute(select(func.count()).select_from(ChatSession)).scalar_one()
+    for name, (bad, error) in _bad_histories(
+            ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-1))).items():
+        # the valid run in the same batch is not written either
+        valid = answered_run(ImportedSession(owner_id="carol", agent_id="alpha", created_at=s(-1)))
+        with pytest.raises(error) as raised:
+            bulk_import(db, [valid, bad])
+        assert isinstance(raised.value, LedgerError), name
+        assert counts(db) == before, name
+    with db.read() as session:
+        assert session.execute(select(func.count()).select_from(ChatSession)).scalar_one() == sessions_before
+        assert verify_chains(session).ok
+    assert_rollup_matches_scan(db)
+
+
+def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
+    db = agents
+    timeline = demo._all_versions_registered(db, T - timedelta(days=3), 3)
+    trees = list(synthetic_history(runs=120, start=T - timedelta(days=3), days=3,
+                                   versions=timeline, seed=4))
+    runs = list(iter_runs(trees))
+    seen = []
+    started_at = time.perf_counter()
+    report = bulk_import(db, trees, batch_runs=50, progress=seen.append)
+    elapsed = time.perf_counter() - started_at
+    with capsys.disabled():
+        print(f"\n[{db.dialect}] bulk import: {report.runs} runs, {report.events} events in "
+              f"{elapsed:.2f} s = {report.events / elapsed:,.0f} events/s "
+              f"({report.runs / elapsed:,.0f} runs/s, {report.batches} batches)")
+    assert sum(seen) == 120 and report.batches >= 4
+    assert report.runs == len(runs) > 120
+    with db.read() as session:
+        assert verify_chains(session).ok
+        stored_runs = session.execute(select(AgentRun.id, AgentRun.status, AgentRun.last_event_seq,
+                                             AgentRun.final_message_id)).all()
+        n_events = session.execute(select(func.count()).select_from(RunEvent)).scalar_one()
+        roles = Counter(session.execute(select(Message.role)).scalars())
+        reasons = {d["reason"] for d in session.execute(
+            select(RunEvent.data).where(RunEvent.type == "run.interrupted")).scalars()}
+    assert len(stored_runs) == report.runs and n_events == report.events
+    assert sum(r.last_event_seq for r in stored_runs) == n_events
+    statuses = Counter(r.status for r in stored_runs)
+    assert set(statuses) == {"succeeded", "failed", "cancelled", "interrupted"}
+    assert reasons == INTERRUPT_REASONS
+    assert roles == {"user": 120, "assistant": statuses["succeeded"]}
+    assert 8 <= n_events / report.runs <= 12
+    for run in runs[:40]:
+        assert_run_invariants(db, run.id)
+    assert_rollup_matches_scan(db)
+
+
+def test_demo_seed_takes_the_bulk_path_for_large_n(db, monkeypatch):
+    from test_demo import describe
+
+    monkeypatch.setattr(demo, "BULK_THRESHOLD", 20)
+    assert demo.seed(Settings(database_url=db.url), runs=40, days=5, seed=2) == 40
+    data = describe(db)
+    assert data["roots"] == 40 and data["max_depth"] >= 2
+    assert sum(n >= 2 for n in data["versions"].values()) >= 3
+    assert len({(r.agent_id, r.agent_version) for r in data["runs"]}) > len(data["versions"])
+    assert set(data["statuses"]) == {"succeeded", "failed", "cancelled", "interrupted"}
+    assert set(data["interrupted"]) == INTERRUPT_REASONS
+    assert data["switching_sessions"] >= 1 and len(data["owners"]) >= 3
+    assert data["answers"] == data["statuses"]["succeeded"]
+    assert data["event_types"]["run.child_created"] == data["event_types"]["run.queued"] - 40
+    assert all(u["cost_usd"] > 0 for u in data["usage"])
+    with db.read() as session:
+        assert verify_chains(session).ok
+    assert_rollup_matches_scan(db)
+    # and again: the agents are kept, the history grows
+    assert demo.seed(Settings(database_url=db.url), runs=30, days=5, seed=3) == 30
+    assert describe(db)["roots"] == 70
+    assert_rollup_matches_scan(db)

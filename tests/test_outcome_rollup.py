@@ -1,0 +1,157 @@
+"""The per-agent outcome rollup: maintained in the transaction that ends each run, equal to a
+full scan of agent_run/run_event after any mix of lifecycles, and what agent_outcomes reads."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import history as h
+import pytest
+from rollup_checks import assert_rollup_matches_scan, stored
+from sqlalchemy import select
+
+from agentledger.outcome_histogram import EDGES, bucket_of, estimate_percentiles
+from agentledger.schema import AgentOutcomeRollup
+from ingest.rollup import rebuild_rollup
+from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.common import TimeWindow
+
+DAY = timedelta(days=1)
+
+
+def random_lifecycles(db, rng: random.Random, runs: int) -> None:
+    """Every way a run can end, through the ingest functions, over three days."""
+    h.agent(db, "alpha", names=("Alpha", "Alpha 2"))
+    h.agent(db, "beta")
+    t = h.T0
+    for n in range(runs):
+        t += timedelta(seconds=rng.uniform(60, 3 * 86400 / runs))
+        agent = rng.choice(["alpha", "beta", None])
+        owner = rng.choice(["alice", "bob"])
+        chat = h.chat(db, owner=owner, agent_id="alpha")  # one thread each: no FIFO waits
+        run = h.ask(db, chat, "q", owner=owner, when=t, agent_id=agent).run_id
+        kind = rng.choice(["ok", "ok", "fail", "cancel_queued", "cancel_running", "expire",
+                           "restart", "delegate", "usage_then_fail", "left_running"])
+        at = t + timedelta(seconds=rng.uniform(0, 5))
+        if kind == "cancel_queued":
+            h.cancel(db, run, at)
+            continue
+        executor = f"w-{n}"
+        h.start(db, run, at, executor)
+        at += timedelta(seconds=rng.uniform(0.001, 20))
+        if kind in ("ok", "usage_then_fail", "cancel_running", "delegate"):
+            for _ in range(rng.randint(0, 2)):
+                h.usage(db, run, at, rng.randint(1, 900), rng.randint(1, 90),
+                        round(rng.uniform(0, 0.05), 6), executor)
+        if kind == "ok":
+            h.complete(db, run, at + timedelta(seconds=rng.uniform(0, 500)), "a", executor)
+        elif kind in ("fail", "usage_then_fail"):
+            h.fail(db, run, at, executor)
+        elif kind == "cancel_running":
+            h.cancel(db, run, at, confirm_at=at + timedelta(seconds=1), executor=executor)
+        elif kind == "expire":
+            h.expire(db, run, at + timedelta(seconds=h.LEASE + 1))
+        elif kind == "restart":
+            h.executor_gone(db, executor, at, "service_restart")
+        elif kind == "delegate":
+            child = h.delegate(db, run, "beta", at, executor)
+            if rng.random() < 0.5:
+                h.start(db, child, at + timedelta(seconds=1), "kid")
+                h.usage(db, child, at + timedelta(seconds=2), 5, 5, 0.001, "kid")
+                h.complete(db, child, at + timedelta(seconds=3), "c", "kid")
+                h.complete(db, run, at + timedelta(seconds=4), "p", executor)
+            else:
+                h.fail(db, run, at + timedelta(seconds=1), executor)
+                h.orphan_check(db, child, at + timedelta(seconds=2))
+        # "left_running" stays running: not in the rollup, read live by the queries
+
+
+def test_rollup_equals_full_scan_after_random_lifecycles(db):
+    random_lifecycles(db, random.Random(7), 45)
+    counted = assert_rollup_matches_scan(db)
+    assert counted > 30
+    statuses = {key[3] for key in stored(db)}
+    assert statuses == {"succeeded", "failed", "cancelled", "interrupted"}
+    # rebuilding from the tables gives the same rows
+    before = stored(db)
+    with db.write() as s:
+        assert rebuild_rollup(s) == counted
+    assert set(stored(db)) == set(before)
+    assert assert_rollup_matches_scan(db) == counted
+
+
+def test_queries_answer_from_the_rollup_like_a_scan(db):
+    random_lifecycles(db, random.Random(11), 30)
+    day0 = h.T0.replace(hour=0)
+    aligned = TimeWindow(day0, day0 + 4 * DAY)  # whole days: the rollup alone (plus live runs)
+    unaligned = TimeWindow(h.T0 - timedelta(hours=3), h.T0 + 4 * DAY)  # edges scanned
+    everything = TimeWindow()
+    with db.read() as s:
+        results = [agent_outcomes(s, w) for w in (aligned, unaligned, everything)]
+        trends = [outcome_trend(s, w, agent_id="alpha") for w in (aligned, unaligned)]
+        by_scan = outcome_trend(s, aligned, agent_id="alpha", bucket_seconds=43200)
+    first = results[0]
+    for other in results[1:]:
+        assert [o.as_dict() for o in other.versions] == [o.as_dict() for o in first.versions]
+        assert [o.as_dict() for o in other.agents] == [o.as_dict() for o in first.agents]
+    assert trends[0].rows == trends[1].rows
+    assert sum(r["count"] for r in trends[0].rows) == sum(r["count"] for r in by_scan.rows)
+    assert sum(o.runs for o in first.agents) == _all_runs(db)
+    running = sum(o.by_status["running"] for o in first.agents)
+    assert running >= 1  # the live part counted runs that have not ended
+
+
+def _all_runs(db) -> int:
+    from agentledger.schema import AgentRun
+
+    with db.read() as s:
+        return len(s.execute(select(AgentRun.id)).all())
+
+
+def test_one_upsert_row_per_agent_version_day_status(db):
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    for n in range(3):
+        h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(n * 10), queue_s=1,
+                   run_s=2 + n)
+    with db.read() as s:
+        rows = s.execute(select(AgentOutcomeRollup.__table__)).mappings().all()
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["agent_id"], row["agent_version"], row["status"], row["runs"]) == ("alpha", 1, "succeeded", 3)
+    assert row["day"] == h.T0.date()
+    assert (row["latency_n"], row["latency_sum"], row["latency_min"], row["latency_max"]) == (3, 9.0, 2.0, 4.0)
+    assert (row["wait_n"], row["wait_sum"], row["wait_min"], row["wait_max"]) == (3, 3.0, 1.0, 1.0)
+    assert row[f"latency_h{bucket_of(3.0):02d}"] == 1 and row[f"wait_h{bucket_of(1.0):02d}"] == 3
+
+
+def test_histogram_buckets_and_estimates():
+    assert bucket_of(0) == 0 and bucket_of(-1) == 0 and bucket_of(0.0099) == 0
+    assert bucket_of(0.01) == 1 and bucket_of(10**9) == 63
+    for i, edge in enumerate(EDGES):
+        assert bucket_of(edge) == i + 1
+    values = [random.Random(3).lognormvariate(1, 1.2) for _ in range(5000)]
+    counts = [0] * 64
+    for v in values:
+        counts[bucket_of(v)] += 1
+    ordered = sorted(values)
+    p50, p95, p99 = estimate_percentiles(counts, (0.5, 0.95, 0.99), min(values), max(values))
+    for estimate, exact in ((p50, ordered[2500]), (p95, ordered[4750]), (p99, ordered[4950])):
+        assert abs(estimate - exact) / exact < 0.26
+    assert estimate_percentiles([0] * 64, (0.5,), None, None) == [None]
+    one = [0] * 64
+    one[bucket_of(7.5)] = 1
+    assert estimate_percentiles(one, (0.5, 0.99), 7.5, 7.5) == [7.5, 7.5]
+
+
+def test_a_window_inside_one_day_and_an_empty_rollup(db):
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(0))
+    with db.read() as s:
+        inside = agent_outcomes(s, TimeWindow(h.T0 - timedelta(minutes=5), h.T0 + timedelta(hours=1)))
+        before = agent_outcomes(s, TimeWindow(None, h.T0.replace(hour=0)))
+        after = agent_outcomes(s, TimeWindow(datetime.now(UTC), None))
+    assert inside.agents[0].runs == 1 and inside.agents[0].latency_p50 == pytest.approx(4)
+    assert before.agents == [] and after.agents == []
