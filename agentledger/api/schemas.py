@@ -126,19 +126,27 @@ class ClaimBody(Strict):
     max_runs: int = Field(default=1, ge=1, le=100)
     lease_seconds: float | None = Field(default=None, ge=1, le=3600)
 
+    _nul = field_validator("executor_instance_id")(_no_nul)
+
 
 class HeartbeatBody(Strict):
     executor_instance_id: str = Field(min_length=1, max_length=200)
+
+    _nul = field_validator("executor_instance_id")(_no_nul)
 
 
 class ExecutorEvent(Strict):
     type: str = Field(min_length=1, max_length=40)
     data: dict[str, Any] = Field(default_factory=dict)
 
+    _nul = field_validator("type")(_no_nul)
+
 
 class AppendEventsBody(Strict):
     executor_instance_id: str = Field(min_length=1, max_length=200)
     events: list[ExecutorEvent] = Field(min_length=1, max_length=1000)
+
+    _nul = field_validator("executor_instance_id")(_no_nul)
 
 
 class CreateChildBody(Strict):
@@ -146,7 +154,7 @@ class CreateChildBody(Strict):
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
     input: str = Field(min_length=1, max_length=MAX_CONTENT)
 
-    _nul = field_validator("input")(_no_nul)
+    _nul = field_validator("input", "executor_instance_id")(_no_nul)
 
 
 # ---- responses ------------------------------------------------------------------------------
