@@ -12,12 +12,9 @@ from agentledger.schema import AdminAction
 from queries.common import (
     DEFAULT_LIMIT,
     Page,
-    after_cursor,
     clamp_limit,
-    decode_cursor,
-    encode_cursor,
     iso,
-    parse_time,
+    keyset_page,
 )
 
 
@@ -43,15 +40,11 @@ def admin_actions(session: Session, filters: ActionFilters | None = None, *,
         stmt = stmt.where(AdminAction.at >= filters.since)
     if filters.until is not None:
         stmt = stmt.where(AdminAction.at < filters.until)
-    if cursor:
-        at, last_id = decode_cursor(cursor, 2)
-        stmt = stmt.where(after_cursor(AdminAction.at, AdminAction.id, parse_time(at), last_id))
-    rows = session.execute(
-        stmt.order_by(AdminAction.at.desc(), AdminAction.id.desc()).limit(limit + 1)
-    ).scalars().all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    items = [{"id": r.id, "at": iso(r.at), "actor": r.actor, "actor_role": r.actor_role,
-              "action": r.action, "target_type": r.target_type, "target_id": r.target_id,
-              "detail": r.detail} for r in rows]
-    return Page(items, encode_cursor(rows[-1].at, rows[-1].id) if more else None)
+    return keyset_page(session, stmt, AdminAction.at, AdminAction.id, limit=limit,
+                       cursor=cursor, to_item=_item, scalars=True)
+
+
+def _item(r) -> dict:
+    return {"id": r.id, "at": iso(r.at), "actor": r.actor, "actor_role": r.actor_role,
+            "action": r.action, "target_type": r.target_type, "target_id": r.target_id,
+            "detail": r.detail}

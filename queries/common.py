@@ -142,3 +142,26 @@ class TimeWindow:
 def clamp_limit(limit: int, maximum: int = MAX_LIMIT) -> int:
     """Every read is bounded: at least 1 row, at most ``maximum``."""
     return max(1, min(int(limit), maximum))
+
+
+def keyset_page(session, stmt, time_column, id_column, *, limit: int, cursor: str | None,
+                to_item, descending: bool = True, scalars: bool = False) -> Page:
+    """One page of ``stmt`` in (time, id) order after ``cursor``, with the next page's cursor.
+
+    Reads ``limit + 1`` rows to know whether another page exists; the cursor is the last row's
+    (time, id), so pages stay stable while new rows arrive.
+    """
+    if cursor:
+        moment, last_id = decode_cursor(cursor, 2)
+        stmt = stmt.where(after_cursor(time_column, id_column, parse_time(moment), last_id,
+                                       descending=descending))
+    order = (time_column.desc(), id_column.desc()) if descending else (time_column, id_column)
+    result = session.execute(stmt.order_by(*order).limit(limit + 1))
+    rows = (result.scalars() if scalars else result).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more:
+        last = rows[-1]
+        next_cursor = encode_cursor(getattr(last, time_column.key), getattr(last, id_column.key))
+    return Page([to_item(r) for r in rows], next_cursor)

@@ -21,12 +21,9 @@ from queries.common import (
     DEFAULT_LIMIT,
     Page,
     TimeWindow,
-    after_cursor,
     clamp_limit,
-    decode_cursor,
-    encode_cursor,
     iso,
-    parse_time,
+    keyset_page,
 )
 
 REASONS = ("lease_expired", "parent_terminal", "service_restart", "executor_shutdown")
@@ -116,18 +113,8 @@ def interrupted_runs(
         )
         .outerjoin(_parent, _parent.id == AgentRun.parent_run_id)
     )
-    if cursor:
-        finished, last_id = decode_cursor(cursor, 2)
-        stmt = stmt.where(after_cursor(AgentRun.finished_at, AgentRun.id, parse_time(finished), last_id))
-    rows = session.execute(
-        stmt.order_by(AgentRun.finished_at.desc(), AgentRun.id.desc()).limit(limit + 1)
-    ).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page(
-        [_item(r) for r in rows],
-        encode_cursor(rows[-1].finished_at, rows[-1].id) if more else None,
-    )
+    return keyset_page(session, stmt, AgentRun.finished_at, AgentRun.id, limit=limit,
+                       cursor=cursor, to_item=_item)
 
 
 @dataclass(frozen=True)

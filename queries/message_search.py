@@ -20,12 +20,9 @@ from queries.common import (
     DEFAULT_LIMIT,
     Page,
     TimeWindow,
-    after_cursor,
     clamp_limit,
-    decode_cursor,
-    encode_cursor,
     iso,
-    parse_time,
+    keyset_page,
 )
 
 PREVIEW_CHARS = 280
@@ -99,16 +96,6 @@ def search_messages(
         stmt = stmt.where(
             _dialect.context_pack_has_item(session, search.context_item_id, search.context_sha256)
         )
-    if cursor:
-        created, last_id = decode_cursor(cursor, 2)
-        stmt = stmt.where(after_cursor(Message.created_at, Message.id, parse_time(created), last_id))
-    rows = session.execute(
-        stmt.order_by(Message.created_at.desc(), Message.id.desc()).limit(limit + 1)
-    ).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page(
-        [_item(r) for r in rows],
-        encode_cursor(rows[-1].created_at, rows[-1].id) if more else None,
-    )
+    return keyset_page(session, stmt, Message.created_at, Message.id, limit=limit,
+                       cursor=cursor, to_item=_item)
 

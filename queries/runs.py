@@ -13,10 +13,7 @@ from agentledger.schema import AgentRun
 from queries.common import (
     DEFAULT_LIMIT,
     Page,
-    after_cursor,
-    decode_cursor,
-    encode_cursor,
-    parse_time,
+    keyset_page,
     run_summary,
     run_visible_to,
 )
@@ -65,14 +62,5 @@ def list_runs(
         stmt = stmt.where(AgentRun.created_at >= filters.created_after)
     if filters.created_before is not None:
         stmt = stmt.where(AgentRun.created_at < filters.created_before)
-    if cursor:
-        created, run_id = decode_cursor(cursor, 2)
-        created = parse_time(created)
-        stmt = stmt.where(after_cursor(AgentRun.created_at, AgentRun.id, created, run_id))
-    rows = session.execute(
-        stmt.order_by(AgentRun.created_at.desc(), AgentRun.id.desc()).limit(limit + 1)
-    ).scalars().all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
-    return Page([run_summary(r) for r in rows], next_cursor)
+    return keyset_page(session, stmt, AgentRun.created_at, AgentRun.id, limit=limit,
+                       cursor=cursor, to_item=run_summary, scalars=True)

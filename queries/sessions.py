@@ -11,11 +11,8 @@ from agentledger.schema import AgentRun, ChatSession, Message
 from queries.common import (
     DEFAULT_LIMIT,
     Page,
-    after_cursor,
-    decode_cursor,
-    encode_cursor,
     iso,
-    parse_time,
+    keyset_page,
 )
 
 
@@ -51,18 +48,8 @@ def list_sessions(
 ) -> Page:
     """Newest first."""
     stmt = _visible(select(ChatSession), visible_to)
-    if cursor:
-        created, last_id = decode_cursor(cursor, 2)
-        stmt = stmt.where(after_cursor(ChatSession.created_at, ChatSession.id, parse_time(created), last_id))
-    rows = session.execute(
-        stmt.order_by(ChatSession.created_at.desc(), ChatSession.id.desc()).limit(limit + 1)
-    ).scalars().all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page(
-        [session_dict(r) for r in rows],
-        encode_cursor(rows[-1].created_at, rows[-1].id) if more else None,
-    )
+    return keyset_page(session, stmt, ChatSession.created_at, ChatSession.id, limit=limit,
+                       cursor=cursor, to_item=session_dict, scalars=True)
 
 
 def session_messages(
@@ -81,27 +68,18 @@ def session_messages(
         .join(AgentRun, AgentRun.id == Message.run_id)
         .where(Message.session_id == session_id)
     )
-    if cursor:
-        created, last_id = decode_cursor(cursor, 2)
-        stmt = stmt.where(
-            after_cursor(Message.created_at, Message.id, parse_time(created), last_id, descending=False)
-        )
-    rows = session.execute(
-        stmt.order_by(Message.created_at, Message.id).limit(limit + 1)
-    ).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    items = [
-        {
-            "id": r.id,
-            "role": r.role,
-            "content": r.content,
-            "created_at": iso(r.created_at),
-            "run_id": r.run_id,
-            "agent_id": r.agent_id,
-            "agent_name": r.agent_execution_snapshot.get("name"),
-            "agent_version": r.agent_execution_snapshot.get("version"),
-        }
-        for r in rows
-    ]
-    return Page(items, encode_cursor(rows[-1].created_at, rows[-1].id) if more else None)
+    return keyset_page(session, stmt, Message.created_at, Message.id, limit=limit, cursor=cursor,
+                       to_item=_history_item, descending=False)
+
+
+def _history_item(r) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "role": r.role,
+        "content": r.content,
+        "created_at": iso(r.created_at),
+        "run_id": r.run_id,
+        "agent_id": r.agent_id,
+        "agent_name": r.agent_execution_snapshot.get("name"),
+        "agent_version": r.agent_execution_snapshot.get("version"),
+    }
