@@ -56,6 +56,9 @@ class _Active:
     dropped: threading.Event = field(default_factory=threading.Event)
     last_heartbeat: float = field(default_factory=time.monotonic)
     holds_slot: bool = True
+    # Set while the run's terminal event is being written: a heartbeat racing it would find the
+    # run ended and report a lease lost that was in fact given back.
+    ending: bool = False
 
 
 class Executor:
@@ -226,6 +229,7 @@ class Executor:
 
     def _end(self, active: _Active, event_type: str, data: dict) -> None:
         self._check(active, allow_cancel=True)
+        active.ending = True
         try:
             self._append(active, [(event_type, data)])
         except CancelRequested:
@@ -344,7 +348,8 @@ class Executor:
     def _heartbeat_due(self, actives: list[_Active]) -> None:
         now = time.monotonic()
         for active in actives:
-            if active.dropped.is_set() or now - active.last_heartbeat < self.settings.heartbeat_seconds:
+            if (active.dropped.is_set() or active.ending
+                    or now - active.last_heartbeat < self.settings.heartbeat_seconds):
                 continue
             try:
                 with self.db.write() as s:
@@ -354,5 +359,7 @@ class Executor:
                 if beat.cancel_requested:
                     active.cancel.set()
             except LeaseLost:
+                if active.ending:
+                    continue  # the run ended while we renewed: nothing was lost
                 log.warning("run %s: lease lost; dropping it", active.run_id)
                 active.dropped.set()
