@@ -283,19 +283,26 @@ class Server:
         raise RuntimeError(f"agentledger serve did not answer:\n{self.log_path.read_text()[-3000:]}")
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            import signal
-
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process_group(self.proc, grace=20)
         self._log.close()
+
+
+def stop_process_group(proc: subprocess.Popen, *, grace: float) -> None:
+    """SIGTERM the process's group, SIGKILL it if it has not exited after ``grace`` seconds."""
+    import signal
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
 
 
 def http_session(token_value: str | None = None) -> requests.Session:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from bench.common import (
     is_postgres,
     latency_ms,
     log,
+    stop_process_group,
     token,
     with_database,
 )
@@ -141,16 +141,7 @@ class LangGraphServer:
         raise Unavailable("langgraph dev did not answer /ok within 120 s")
 
     def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=15)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
+        stop_process_group(self.proc, grace=15)
         self._log.close()
 
 

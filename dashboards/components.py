@@ -14,7 +14,7 @@ from typing import Any
 
 import dash_ag_grid as dag
 import dash_bootstrap_components as dbc
-from dash import ctx, dcc, html, no_update
+from dash import Output, ctx, dcc, html, no_update
 from flask import current_app
 
 from dashboards import params
@@ -238,6 +238,22 @@ def pager(prefix: str) -> html.Div:
         ], className="me-2"),
         html.Span(id=f"{prefix}-page-label", className="text-muted small"),
     ], className="d-flex align-items-center my-2")
+
+
+def paged_grid_outputs(prefix: str) -> list[Output]:
+    """The outputs every paged listing updates, in the order its callback returns them: grid
+    rows and visibility, the empty state and its visibility, the pager store, both buttons and
+    the page label (``pager_view`` gives the last four)."""
+    return [
+        Output(f"{prefix}-grid", "rowData"),
+        Output(f"{prefix}-grid", "style"),
+        Output(f"{prefix}-empty", "children"),
+        Output(f"{prefix}-empty", "style"),
+        Output(f"{prefix}-pager", "data"),
+        Output(f"{prefix}-prev", "disabled"),
+        Output(f"{prefix}-next", "disabled"),
+        Output(f"{prefix}-page-label", "children"),
+    ]
 
 
 def new_pager() -> dict[str, Any]:

@@ -50,14 +50,7 @@ def layout(action=None, actor=None, **_):
 
 
 @callback(
-    Output(f"{P}-grid", "rowData"),
-    Output(f"{P}-grid", "style"),
-    Output(f"{P}-empty", "children"),
-    Output(f"{P}-empty", "style"),
-    Output(f"{P}-pager", "data"),
-    Output(f"{P}-prev", "disabled"),
-    Output(f"{P}-next", "disabled"),
-    Output(f"{P}-page-label", "children"),
+    *ui.paged_grid_outputs(P),
     Output(f"{P}-url", "search"),
     Input(f"{P}-action", "value"),
     Input(f"{P}-actor", "value"),

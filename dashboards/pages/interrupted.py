@@ -112,14 +112,7 @@ def trend(reason, executor, agent, window, since, until, current_search):
 
 
 @callback(
-    Output(f"{P}-grid", "rowData"),
-    Output(f"{P}-grid", "style"),
-    Output(f"{P}-empty", "children"),
-    Output(f"{P}-empty", "style"),
-    Output(f"{P}-pager", "data"),
-    Output(f"{P}-prev", "disabled"),
-    Output(f"{P}-next", "disabled"),
-    Output(f"{P}-page-label", "children"),
+    *ui.paged_grid_outputs(P),
     Input(f"{P}-reason", "value"),
     Input(f"{P}-executor", "value"),
     Input(f"{P}-agent", "value"),

@@ -62,14 +62,7 @@ def load_agents(_pathname):
 
 
 @callback(
-    Output(f"{P}-grid", "rowData"),
-    Output(f"{P}-grid", "style"),
-    Output(f"{P}-empty", "children"),
-    Output(f"{P}-empty", "style"),
-    Output(f"{P}-pager", "data"),
-    Output(f"{P}-prev", "disabled"),
-    Output(f"{P}-next", "disabled"),
-    Output(f"{P}-page-label", "children"),
+    *ui.paged_grid_outputs(P),
     Output(f"{P}-url", "search"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-status", "value"),
