@@ -39,11 +39,15 @@ def increment_counter(session: Session, table: Table, keys: dict, column: str) -
 
 
 def now(session: Session) -> datetime:
-    """The database's clock, which every lease comparison uses.
+    """The database's clock at the moment of the call, which every lease comparison uses.
 
-    PostgreSQL's ``now()`` is the transaction's start time: one consistent instant per
-    transaction, shared by every process on every machine. SQLite is embedded in this process,
-    so its clock is this machine's.
+    On PostgreSQL it is the server's ``clock_timestamp()``, shared by every process on every
+    machine. Not ``now()``: that is the transaction's *start*, and a transaction that waited
+    for a row lock (or was descheduled) would stamp its work earlier than the commit it
+    waited for: a run could "start" before the previous run of its thread finished. So each
+    ingest operation reads the clock once, *after* taking the locks that order it, and stamps
+    everything it writes with that one value. SQLite is embedded in this process, so its
+    clock is this machine's, read after ``BEGIN IMMEDIATE`` for the same reason.
 
     A historical import sets ``session.info["clock"]`` to the moment being replayed; every
     ingest function then stamps rows with that moment instead (see ``ingest.history``).
@@ -52,7 +56,7 @@ def now(session: Session) -> datetime:
     if override is not None:
         return override
     if name(session) == "postgresql":
-        value = session.execute(text("SELECT now()")).scalar_one()
+        value = session.execute(text("SELECT clock_timestamp()")).scalar_one()
         return value.astimezone(UTC)
     # Begin the transaction first: a writer's BEGIN IMMEDIATE waits for the write lock, and a
     # clock read before that wait would stamp this transaction earlier than the one it waited

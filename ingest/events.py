@@ -113,9 +113,10 @@ def append_events(
     """
     if not events:
         raise ValueError("append_events needs at least one event")
-    now = now or dialect.now(session)
     ends_run = any(t in _ENDING for t, _ in events)
     run = lock_run_and_parent(session, run_id) if ends_run else lock_run(session, run_id)
+    # After the lock: events of one run are stamped in the order their appends committed.
+    now = now or dialect.now(session)
     if executor_instance_id is not None:
         check_lease(run, executor_instance_id, now)
 

@@ -77,10 +77,12 @@ def claim_runs(
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
-    now = dialect.now(session)
     ids = session.execute(
         dialect.for_update(claimable_runs_query(max_runs), session, skip_locked=True)
     ).scalars().all()
+    # After the claimable rows were chosen: a run's start is never stamped before the end of
+    # the previous run of its thread, which that choice depended on.
+    now = dialect.now(session)
     return [_start(session, run_id, executor_instance_id, now, lease_seconds) for run_id in ids]
 
 
@@ -93,7 +95,6 @@ def claim_run(
     run is not claimable now (not queued, or an earlier run of its thread comes first).
     """
     _check_lease_seconds(lease_seconds)
-    now = dialect.now(session)
     found = session.execute(
         dialect.for_update(
             claimable_runs_query(1).where(AgentRun.id == run_id), session, skip_locked=True
@@ -101,6 +102,7 @@ def claim_run(
     ).scalar_one_or_none()
     if found is None:
         raise IllegalTransition(f"run {run_id} is not claimable now")
+    now = dialect.now(session)
     return _start(session, run_id, executor_instance_id, now, lease_seconds)
 
 

@@ -29,8 +29,8 @@ def expired_lease_run_ids(session: Session, *, limit: int = 500) -> list[str]:
 
 
 def interrupt_if_lease_expired(session: Session, run_id: str) -> bool:
-    now = dialect.now(session)
     run = lock_run_and_parent(session, run_id)
+    now = dialect.now(session)
     if run.status not in ACTIVE or run.lease_expires_at is None or run.lease_expires_at >= now:
         return False
     append_events(

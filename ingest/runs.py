@@ -270,8 +270,8 @@ def create_child_run(
     The parent must be running (and, for an executor, leased by it); ``run.child_created`` is
     appended to the parent in the same transaction.
     """
-    now = dialect.now(session)
     parent = lock_run(session, parent_run_id)
+    now = dialect.now(session)
     if executor_instance_id is not None:
         check_lease(parent, executor_instance_id, now)
     if parent.status not in ACTIVE or parent.status == "cancelling":

@@ -151,3 +151,49 @@ def test_claims_skip_locked_rows_on_postgres(pg_db):
             other = [c.run_id for c in claim_runs(second, "worker-2", max_runs=4)]
     assert held == runs[:2]
     assert other == runs[2:]
+
+
+def _rows(db, run_id):
+    with db.read() as s:
+        from agentledger.schema import AgentRun
+        run = s.get(AgentRun, run_id)
+        stamps = s.execute(
+            select(RunEvent.created_at).where(RunEvent.run_id == run_id).order_by(RunEvent.seq)
+        ).scalars().all()
+        return run.started_at, run.finished_at, stamps
+
+
+def test_a_claim_begun_before_the_previous_run_ended_starts_after_it_on_postgres(pg_db):
+    """Per-thread FIFO in the timestamps too: a claim transaction that began (and was then
+    delayed) before the thread's previous run completed is stamped after that completion."""
+    db = pg_db
+    make_agent(db, "echo")
+    chat = make_session(db)
+    first, second = post(db, chat, "one").run_id, post(db, chat, "two").run_id
+    claim(db, "worker-1", max_runs=1)
+    with db.write() as claimer:
+        claimer.execute(select(1))  # the claim's transaction is open from here
+        with db.write() as s:
+            append_events(s, first, [("run.completed", {"content": "done"})],
+                          executor_instance_id="worker-1")
+        [claimed] = claim_runs(claimer, "worker-2", max_runs=1)
+    assert claimed.run_id == second
+    _, first_finished, _ = _rows(db, first)
+    second_started, _, _ = _rows(db, second)
+    assert second_started >= first_finished
+
+
+def test_event_stamps_follow_seq_when_an_append_waited_for_the_run_lock_on_postgres(pg_db):
+    db = pg_db
+    make_agent(db, "echo")
+    run_id = post(db, make_session(db), "hi").run_id
+    claim(db, "worker-1", max_runs=1)
+    with db.write() as late:
+        late.execute(select(1))
+        with db.write() as s:
+            append_events(s, run_id, [("message.delta", {"text": "a"})],
+                          executor_instance_id="worker-1")
+        append_events(late, run_id, [("message.delta", {"text": "b"})],
+                      executor_instance_id="worker-1")
+    _, _, stamps = _rows(db, run_id)
+    assert stamps == sorted(stamps)
