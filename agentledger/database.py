@@ -8,6 +8,7 @@ SQLite, ``default_transaction_read_only`` on PostgreSQL). Entry points own the t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -130,6 +131,24 @@ class Database:
         with Session(engine, autoflush=False) as session:
             with session.begin():
                 yield session
+
+    def read_row(self, stmt, params: dict | None = None):
+        """The one row (or None) of a read that is a single statement.
+
+        On PostgreSQL it runs outside any transaction (autocommit): one round trip instead of
+        BEGIN, the query and COMMIT, for the reads every request makes (who is calling). A
+        single statement sees one consistent snapshot by itself. SQLite is in this process, so
+        a transaction costs nothing there.
+        """
+        if not self.is_postgres:
+            with self.read() as session:
+                return session.execute(stmt, params or {}).one_or_none()
+        with self._autocommit_read_engine.connect() as connection:
+            return connection.execute(stmt, params or {}).one_or_none()
+
+    @functools.cached_property
+    def _autocommit_read_engine(self) -> Engine:
+        return self.read_engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -5,12 +5,13 @@ Upsert-or-ignore, row locks and skip-locked claims, the database clock, and noti
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 
-from sqlalchemy import Select, Table, func, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Select, Table, func, null, text
 from sqlalchemy.orm import Session
 
+from agentledger import cacheable_upsert
 from agentledger.database import PENDING_NOTIFICATIONS
 
 EVENTS_CHANNEL = "agentledger_events"
@@ -23,22 +24,34 @@ def name(session: Session) -> str:
 
 def insert_ignoring_conflicts(session: Session, table: Table, index_elements=None):
     """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
-    module = postgresql if name(session) == "postgresql" else sqlite
-    stmt = module.insert(table)
+    stmt = cacheable_upsert.insert(name(session), table)
     return stmt.on_conflict_do_nothing(index_elements=index_elements)
 
 
 def increment_counter(session: Session, table: Table, keys: dict, column: str) -> int:
     """Insert the row with ``column = 1`` or add 1 to it, atomically; returns the new value."""
-    module = postgresql if name(session) == "postgresql" else sqlite
-    stmt = module.insert(table).values(**keys, **{column: 1})
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(keys), set_={column: getattr(table.c, column) + 1}
-    ).returning(getattr(table.c, column))
-    return session.execute(stmt).scalar_one()
+    stmt = _counter_statement(name(session), table, tuple(keys), column)
+    return session.execute(stmt, {**keys, column: 1}).scalar_one()
 
 
-def now(session: Session) -> datetime:
+@functools.cache
+def _counter_statement(dialect_name: str, table: Table, keys: tuple[str, ...], column: str):
+    # Built once per shape: it runs on every message post when rate limits are on.
+    return (
+        cacheable_upsert.insert(dialect_name, table)
+        .on_conflict_do_update(index_elements=list(keys),
+                               set_={column: getattr(table.c, column) + 1})
+        .returning(getattr(table.c, column))
+    )
+
+
+def clock_column(session: Session):
+    """A select-list item that reads the clock in the same round trip as a query (PostgreSQL),
+    or NULL (SQLite, whose clock is this process's). Pass its value to ``now(read=…)``."""
+    return func.clock_timestamp() if name(session) == "postgresql" else null()
+
+
+def now(session: Session, *, read: datetime | None = None) -> datetime:
     """The database's clock at the moment of the call, which every lease comparison uses.
 
     On PostgreSQL it is the server's ``clock_timestamp()``, shared by every process on every
@@ -55,6 +68,8 @@ def now(session: Session) -> datetime:
     override = session.info.get("clock")
     if override is not None:
         return override
+    if read is not None:  # the clock, already read by a query of this operation
+        return read.astimezone(UTC)
     if name(session) == "postgresql":
         value = session.execute(text("SELECT clock_timestamp()")).scalar_one()
         return value.astimezone(UTC)
@@ -101,8 +116,7 @@ def upsert_adding(
     """
     if not rows:
         return
-    module = postgresql if name(session) == "postgresql" else sqlite
-    stmt = module.insert(table)
+    stmt = cacheable_upsert.insert(name(session), table)
     new = stmt.excluded
     pick = func.least if name(session) == "postgresql" else func.min
     keep = func.greatest if name(session) == "postgresql" else func.max

@@ -44,10 +44,14 @@ def _check_lease_seconds(lease_seconds: float) -> None:
         )
 
 
+# Built once, not per claim: creating an alias copies every column of ``agent_run``.
+_OTHER_RUN = aliased(AgentRun, name="other_run")
+_EARLIER_RUN = aliased(AgentRun, name="earlier_run")
+
+
 def claimable_runs_query(max_runs: int):
     """Queued runs that are first in line on their thread and whose thread has no active run."""
-    other = aliased(AgentRun)
-    earlier = aliased(AgentRun)
+    other, earlier = _OTHER_RUN, _EARLIER_RUN
     return (
         select(AgentRun.id)
         .where(

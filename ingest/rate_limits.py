@@ -20,11 +20,14 @@ from agentledger.schema import RateLimitWindow
 WINDOW = timedelta(minutes=1)
 
 
-def take_run_slot(session: Session, owner_id: str, per_minute: int) -> None:
-    """Count one run for ``owner_id``; ``RateLimited`` (with ``Retry-After``) past the limit."""
+def take_run_slot(session: Session, owner_id: str, per_minute: int, *,
+                  now: datetime | None = None) -> None:
+    """Count one run for ``owner_id``; ``RateLimited`` (with ``Retry-After``) past the limit.
+
+    ``now`` is the operation's clock when the caller has read it already."""
     if per_minute <= 0:
         return
-    now = dialect.now(session)
+    now = now or dialect.now(session)
     window = now.replace(second=0, microsecond=0)
     count = dialect.increment_counter(
         session, RateLimitWindow.__table__, {"owner_id": owner_id, "window_start": window}, "count"

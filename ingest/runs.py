@@ -6,14 +6,15 @@ creates it, together with its thread link and its first event, ``run.queued`` (s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import String, and_, bindparam, func, insert, null, select, type_coerce
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
+from agentledger import cacheable_upsert, dialect
 from agentledger.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
 from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash, sha256_hex, storable_json
 from agentledger.ids import new_id
@@ -26,6 +27,7 @@ from agentledger.schema import (
     ContextBlob,
     Message,
     RunEvent,
+    UTCDateTime,
 )
 from ingest.events import append_events, check_lease, lock_run
 from ingest.rate_limits import take_run_slot
@@ -128,6 +130,16 @@ def _queued_event(run_id: str, data: dict, now: datetime) -> tuple[dict, str]:
             "created_at": now, "hash": chain}, chain
 
 
+def _replayed(run_id: str, message_id: str, agent_id: str, snapshot: dict[str, Any],
+              stored_checksum: str, checksum: str) -> PostedMessage:
+    if stored_checksum != checksum:
+        raise IdempotencyConflict(
+            "this Idempotency-Key was already used for a different request; use a new key"
+        )
+    return PostedMessage(message_id=message_id, run_id=run_id, agent_id=agent_id,
+                         agent_name=snapshot["name"], replayed=True)
+
+
 def _replay(session: Session, owner_id: str, key_hash: str, checksum: str) -> PostedMessage | None:
     row = session.execute(
         select(
@@ -140,16 +152,60 @@ def _replay(session: Session, owner_id: str, key_hash: str, checksum: str) -> Po
     ).one_or_none()
     if row is None:
         return None
-    if row.request_checksum != checksum:
-        raise IdempotencyConflict(
-            "this Idempotency-Key was already used for a different request; use a new key"
+    return _replayed(row.id, row.user_message_id, row.agent_id, row.agent_execution_snapshot,
+                     row.request_checksum, checksum)
+
+
+# The statements of a message post are built once (per dialect) and executed with parameters:
+# building and cache-keying a statement costs more CPU than running it on a warm connection,
+# and a post is the hottest write there is.
+
+_INSERT_MESSAGE = insert(Message.__table__)
+_INSERT_EVENT = insert(RunEvent.__table__)
+
+
+@functools.cache
+def _lookup_statement(dialect_name: str, *, scoped: bool):
+    """One round trip for everything a post reads: the session (visible to the caller), an
+    earlier run under the same idempotency key, the chosen agent's current version, and (on
+    PostgreSQL) the database clock."""
+    chat, run = ChatSession.__table__, AgentRun.__table__
+    agent, version = Agent.__table__, AgentVersion.__table__
+    clock = func.clock_timestamp() if dialect_name == "postgresql" else null()  # see dialect.now
+    stmt = (
+        select(
+            chat.c.thread_id, chat.c.agent_id, chat.c.owner_id,
+            run.c.id.label("earlier_run_id"),
+            run.c.user_message_id.label("earlier_message_id"),
+            run.c.agent_id.label("earlier_agent_id"),
+            run.c.agent_execution_snapshot.label("earlier_snapshot"),
+            run.c.request_checksum.label("earlier_checksum"),
+            version.c.name, version.c.version,
+            version.c.kind, version.c.model, version.c.instructions, version.c.tools,
+            version.c.params, version.c.content_hash,
+            type_coerce(clock, UTCDateTime).label("now"),
         )
-    return PostedMessage(
-        message_id=row.user_message_id,
-        run_id=row.id,
-        agent_id=row.agent_id,
-        agent_name=row.agent_execution_snapshot["name"],
-        replayed=True,
+        .select_from(chat)
+        .outerjoin(run, and_(run.c.owner_id == chat.c.owner_id,
+                             run.c.idempotency_key_hash == bindparam("key_hash")))
+        .outerjoin(agent, agent.c.id == func.coalesce(bindparam("agent_id", type_=String),
+                                                      chat.c.agent_id))
+        .outerjoin(version, and_(version.c.agent_id == agent.c.id,
+                                 version.c.version == agent.c.latest_version))
+        .where(chat.c.id == bindparam("session_id"), chat.c.deleted_at.is_(None))
+    )
+    if scoped:
+        stmt = stmt.where(chat.c.owner_id == bindparam("visible_to"))
+    return stmt
+
+
+@functools.cache
+def _insert_run_statement(dialect_name: str):
+    run = AgentRun.__table__
+    return (
+        cacheable_upsert.insert(dialect_name, run)
+        .on_conflict_do_nothing(index_elements=["owner_id", "idempotency_key_hash"])
+        .returning(run.c.id)
     )
 
 
@@ -175,56 +231,55 @@ def post_message(
     unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
     New runs (not replays) count against ``rate_limit_per_minute`` per owner (0: no limit).
     """
-    stmt = select(ChatSession.thread_id, ChatSession.agent_id, ChatSession.owner_id).where(
-        ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
-    )
-    if visible_to is not None:
-        stmt = stmt.where(ChatSession.owner_id == visible_to)
-    chat = session.execute(stmt).one_or_none()
+    chat = session.execute(
+        _lookup_statement(dialect.name(session), scoped=visible_to is not None),
+        {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
+         "key_hash": idempotency_key_hash(idempotency_key)},
+    ).one_or_none()
     if chat is None:
         raise NotFound(f"session {session_id} does not exist")
     # The run belongs to the conversation's owner, and so does the idempotency key space
     # (an admin posting into a user's session acts within that user's keys).
     owner_id = chat.owner_id
     key_hash = idempotency_key_hash(idempotency_key)
-    earlier = _replay(session, owner_id, key_hash, checksum)
-    if earlier is not None:
-        return earlier
-    take_run_slot(session, owner_id, rate_limit_per_minute)
+    if chat.earlier_run_id is not None:
+        return _replayed(chat.earlier_run_id, chat.earlier_message_id, chat.earlier_agent_id,
+                         chat.earlier_snapshot, chat.earlier_checksum, checksum)
+    now = dialect.now(session, read=chat.now)
+    take_run_slot(session, owner_id, rate_limit_per_minute, now=now)
     chosen_agent = agent_id or chat.agent_id
-    snapshot = agent_snapshot(session, chosen_agent)
+    if chat.version is None:
+        raise UnknownAgent(f"agent {chosen_agent!r} is not registered")
+    # The looked-up row has the version's columns; its agent_id is the session's agent.
+    snapshot = {**snapshot_of(chat), "agent_id": chosen_agent}
     pack, blobs = context_pack(context or [])
 
-    now = dialect.now(session)
     run_id, message_id = new_id("run"), new_id("msg")
     queued, chain = _queued_event(
         run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None}, now
     )
     inserted = session.execute(
-        dialect.insert_ignoring_conflicts(
-            session, AgentRun.__table__, ["owner_id", "idempotency_key_hash"]
-        )
-        .values(
-            id=run_id,
-            thread_id=chat.thread_id,
-            session_id=session_id,
-            root_run_id=run_id,
-            parent_run_id=None,
-            owner_id=owner_id,
-            agent_id=chosen_agent,
-            agent_version=snapshot["version"],
-            status="queued",
-            agent_execution_snapshot=snapshot,
-            context_pack_snapshot=pack,
-            input=content,
-            user_message_id=message_id,
-            last_event_seq=1,
-            last_event_hash=chain,
-            idempotency_key_hash=key_hash,
-            request_checksum=checksum,
-            created_at=now,
-        )
-        .returning(AgentRun.id)
+        _insert_run_statement(dialect.name(session)),
+        {
+            "id": run_id,
+            "thread_id": chat.thread_id,
+            "session_id": session_id,
+            "root_run_id": run_id,
+            "parent_run_id": None,
+            "owner_id": owner_id,
+            "agent_id": chosen_agent,
+            "agent_version": snapshot["version"],
+            "status": "queued",
+            "agent_execution_snapshot": snapshot,
+            "context_pack_snapshot": pack,
+            "input": content,
+            "user_message_id": message_id,
+            "last_event_seq": 1,
+            "last_event_hash": chain,
+            "idempotency_key_hash": key_hash,
+            "request_checksum": checksum,
+            "created_at": now,
+        },
     ).first()
     if inserted is None:
         # A concurrent request with the same key committed first: answer as its replay.
@@ -233,20 +288,13 @@ def post_message(
             raise IdempotencyConflict("a concurrent request with this key did not complete")
         return earlier
 
-    session.execute(
-        insert(Message).values(
-            id=message_id,
-            session_id=session_id,
-            thread_id=chat.thread_id,
-            owner_id=owner_id,
-            role="user",
-            content=content,
-            run_id=run_id,
-            created_at=now,
-        )
-    )
+    session.execute(_INSERT_MESSAGE, {
+        "id": message_id, "session_id": session_id, "thread_id": chat.thread_id,
+        "owner_id": owner_id, "role": "user", "content": content, "run_id": run_id,
+        "created_at": now,
+    })
     _store_blobs(session, blobs)
-    session.execute(insert(RunEvent), [queued])
+    session.execute(_INSERT_EVENT, [queued])
     dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
     return PostedMessage(
         message_id=message_id,

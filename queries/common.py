@@ -64,13 +64,18 @@ def parse_time(text: str) -> datetime:
     return moment
 
 
+# Built once: an alias copies every column of the table, which costs more than the query
+# around it (it ran on each stream wake-up and each owner-scoped read).
+_ROOT_RUN = aliased(AgentRun, name="root_run")
+
+
 def run_visible_to(owner_id: str):
     """SQL condition: the run is this owner's and its root run's session was not deleted.
 
     A deleted session disappears for its owner together with its runs (child runs included);
     viewers and admins still see everything (they pass no owner).
     """
-    root = aliased(AgentRun)
+    root = _ROOT_RUN
     return and_(
         AgentRun.owner_id == owner_id,
         ~exists(

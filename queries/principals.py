@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from agentledger.schema import ApiToken
@@ -23,12 +23,28 @@ class Principal:
 
 def principal_for(session: Session, *, token_hash: str | None = None, token_id: str | None = None):
     """The live (not revoked) token's principal, or None."""
-    stmt = select(ApiToken.id, ApiToken.owner_id, ApiToken.role).where(ApiToken.revoked_at.is_(None))
-    if token_hash is not None:
-        stmt = stmt.where(ApiToken.token_hash == token_hash)
-    elif token_id is not None:
-        stmt = stmt.where(ApiToken.id == token_id)
-    else:
+    lookup = principal_lookup(token_hash=token_hash, token_id=token_id)
+    if lookup is None:
         return None
-    row = session.execute(stmt).one_or_none()
+    return principal_from_row(session.execute(*lookup).one_or_none())
+
+
+def principal_lookup(*, token_hash: str | None = None, token_id: str | None = None):
+    """(statement, parameters) of the principal look-up, for ``Database.read_row``; it is one
+    statement, so the API runs it without a transaction on every request."""
+    if token_hash is not None:
+        return _BY_HASH, {"value": token_hash}
+    if token_id is not None:
+        return _BY_ID, {"value": token_id}
+    return None
+
+
+def principal_from_row(row) -> Principal | None:
     return Principal(row.id, row.owner_id, row.role) if row is not None else None
+
+
+# Built once: this runs on every authenticated request (revocation must take effect at once,
+# so the answer itself is never cached).
+_LIVE = select(ApiToken.id, ApiToken.owner_id, ApiToken.role).where(ApiToken.revoked_at.is_(None))
+_BY_HASH = _LIVE.where(ApiToken.token_hash == bindparam("value"))
+_BY_ID = _LIVE.where(ApiToken.id == bindparam("value"))

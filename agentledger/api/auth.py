@@ -6,24 +6,25 @@ from flask import g, request, session
 
 from agentledger.errors import Unauthenticated
 from ingest.tokens import token_hash
-from queries.principals import Principal, principal_for
+from queries.principals import Principal, principal_from_row, principal_lookup
 
 SESSION_TOKEN_KEY = "token_id"
 
 
-def principal_from_token(token: str) -> Principal | None:
+def _principal(**key: str) -> Principal | None:
     from agentledger.api.context import state
 
-    with state().db.read() as s:
-        return principal_for(s, token_hash=token_hash(token))
+    return principal_from_row(state().db.read_row(*principal_lookup(**key)))
+
+
+def principal_from_token(token: str) -> Principal | None:
+    return _principal(token_hash=token_hash(token))
 
 
 def current_principal() -> Principal | None:
     """The caller, or None when the request carries no valid credentials."""
     if "principal" in g:
         return g.principal
-    from agentledger.api.context import state
-
     found = None
     header = request.headers.get("Authorization", "")
     if header:
@@ -31,8 +32,7 @@ def current_principal() -> Principal | None:
         if scheme.lower() == "bearer" and token.strip():
             found = principal_from_token(token.strip())
     elif session.get(SESSION_TOKEN_KEY):
-        with state().db.read() as s:
-            found = principal_for(s, token_id=session[SESSION_TOKEN_KEY])
+        found = _principal(token_id=session[SESSION_TOKEN_KEY])
     if found is not None:
         g.principal = found
     return found
