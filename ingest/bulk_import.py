@@ -360,26 +360,17 @@ class BulkImporter:
 
     @staticmethod
     def _copy(session: Session, batch: _Batch) -> None:
-        raw = session.connection().connection.driver_connection  # the psycopg connection
-        with raw.cursor() as cursor:
-            for table, columns, rows in (
-                ("conversation_thread", _THREAD_COLUMNS, batch.threads),
-                ("chat_session", _SESSION_COLUMNS, batch.sessions),
-            ):
-                if rows:
-                    with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-                        for row in rows:
-                            copy.write_row(row)
-            with cursor.copy(f"COPY agent_run ({', '.join(_RUN_COLUMNS)}) FROM STDIN") as copy:
-                for run in batch.runs:
-                    copy.write_row(tuple(run[c] for c in _RUN_COLUMNS))
-            if batch.messages:
-                with cursor.copy(f"COPY message ({', '.join(_MESSAGE_COLUMNS)}) FROM STDIN") as copy:
-                    for row in batch.messages:
-                        copy.write_row(row)
-            with cursor.copy(f"COPY run_event ({', '.join(_EVENT_COLUMNS)}) FROM STDIN") as copy:
-                for row in batch.events:
-                    copy.write_row(row[:6])
+        for table, columns, rows in (
+            ("conversation_thread", _THREAD_COLUMNS, batch.threads),
+            ("chat_session", _SESSION_COLUMNS, batch.sessions),
+        ):
+            if rows:
+                dialect.copy_rows(session, table, columns, rows)
+        dialect.copy_rows(session, "agent_run", _RUN_COLUMNS,
+                          (tuple(run[c] for c in _RUN_COLUMNS) for run in batch.runs))
+        if batch.messages:
+            dialect.copy_rows(session, "message", _MESSAGE_COLUMNS, batch.messages)
+        dialect.copy_rows(session, "run_event", _EVENT_COLUMNS, (row[:6] for row in batch.events))
 
     @staticmethod
     def _executemany(session: Session, batch: _Batch) -> None:

@@ -19,8 +19,13 @@ class Strict(BaseModel):
 
 def _no_nul(value: str | None) -> str | None:
     # Neither database stores NUL in text, and lone surrogates are not UTF-8.
-    if value is not None and ("\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)):
+    if value is not None and "\x00" in value:
         raise ValueError("must not contain NUL characters or lone surrogates")
+    if value is not None and not value.isascii():
+        try:
+            value.encode("utf-8")  # fails exactly on lone surrogates (U+D800..U+DFFF)
+        except UnicodeEncodeError:
+            raise ValueError("must not contain NUL characters or lone surrogates") from None
     return value
 
 
