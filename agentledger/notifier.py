@@ -20,6 +20,7 @@ import logging
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -33,15 +34,25 @@ SQLITE_WATCH_SECONDS = 0.05
 FALLBACK_SECONDS = 1.0
 
 
+@dataclass
+class _Subscription:
+    changed: threading.Condition
+    generation: int = 0
+    subscribers: int = 0
+
+
 class EventNotifier:
     def __init__(self, database_url: str, *, is_postgres: bool, poll_seconds: float = 0.1):
         self._url = database_url
         self.is_postgres = is_postgres
         self.poll_seconds = poll_seconds
-        self._cond = threading.Condition(threading.RLock())
-        # key -> [generation, subscribers]; only keys someone waits on are tracked.
-        self._subscriptions: dict[str, list[int]] = {}
+        self._lock = threading.RLock()
+        # One condition per watched key (all on one lock): a notification wakes the waiters of
+        # its run only. A single shared condition woke every stream of the process on every
+        # event of any run, and that herd, not the database, bounded throughput.
+        self._subscriptions: dict[str, _Subscription] = {}
         self._queue_generation = 0
+        self._queue_changed = threading.Condition(self._lock)
         self._watching = False
         self._started = False
         self._stop = threading.Event()
@@ -57,74 +68,82 @@ class EventNotifier:
 
     def subscribe(self, key: str) -> None:
         self.ensure_started()
-        with self._cond:
-            self._subscriptions.setdefault(key, [0, 0])[1] += 1
+        with self._lock:
+            entry = self._subscriptions.get(key)
+            if entry is None:
+                entry = self._subscriptions[key] = _Subscription(threading.Condition(self._lock))
+            entry.subscribers += 1
 
     def unsubscribe(self, key: str) -> None:
-        with self._cond:
+        with self._lock:
             entry = self._subscriptions.get(key)
             if entry is not None:
-                entry[1] -= 1
-                if entry[1] <= 0:
+                entry.subscribers -= 1
+                if entry.subscribers <= 0:
                     del self._subscriptions[key]
 
     def generation(self, key: str) -> int:
-        with self._cond:
+        with self._lock:
             entry = self._subscriptions.get(key)
-            return entry[0] if entry else 0
+            return entry.generation if entry else 0
 
     def wait(self, key: str, seen: int, timeout: float) -> int:
-        """Block until ``key`` changes after generation ``seen`` or ``timeout`` passes."""
+        """Block until ``key`` changes after generation ``seen`` or ``timeout`` passes
+        (the caller has subscribed to ``key``)."""
         deadline = time.monotonic() + max(0.0, min(timeout, self.fallback_timeout))
-        with self._cond:
+        with self._lock:
+            entry = self._subscriptions.get(key)
+            changed = entry.changed if entry else threading.Condition(self._lock)
             while self.generation(key) == seen:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                changed.wait(remaining)
             return self.generation(key)
 
     def queue_generation(self) -> int:
         self.ensure_started()
-        with self._cond:
+        with self._lock:
             return self._queue_generation
 
     def wait_for_queue(self, seen: int, timeout: float) -> int:
         deadline = time.monotonic() + max(0.0, min(timeout, self.fallback_timeout))
-        with self._cond:
+        with self._lock:
             while self._queue_generation == seen:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._queue_changed.wait(remaining)
             return self._queue_generation
 
     # ---- signalling ----------------------------------------------------------------------
 
     def signal(self, channel: str, payload: str) -> None:
         """Record a notification (from the watcher, or from this process's own commits)."""
-        with self._cond:
+        with self._lock:
             if channel == QUEUE_CHANNEL:
                 self._queue_generation += 1
-            elif payload in self._subscriptions:
-                self._subscriptions[payload][0] += 1
-            else:
+                self._queue_changed.notify_all()
                 return
-            self._cond.notify_all()
+            entry = self._subscriptions.get(payload)
+            if entry is not None:
+                entry.generation += 1
+                entry.changed.notify_all()
 
     def _wake_all(self) -> None:
-        with self._cond:
+        with self._lock:
             for entry in self._subscriptions.values():
-                entry[0] += 1
+                entry.generation += 1
+                entry.changed.notify_all()
             self._queue_generation += 1
-            self._cond.notify_all()
+            self._queue_changed.notify_all()
 
     # ---- the watcher thread --------------------------------------------------------------
 
     def ensure_started(self) -> None:
         if self._started:
             return
-        with self._cond:
+        with self._lock:
             if self._started:
                 return
             self._started = True
@@ -191,7 +210,7 @@ class EventNotifier:
         self._retrying(watch, "SQLite change watcher")
 
     def _signal_changed_runs(self, conn: sqlite3.Connection, seqs: dict[str, int]) -> None:
-        with self._cond:
+        with self._lock:
             watched = list(self._subscriptions)
         for stale in set(seqs) - set(watched):
             del seqs[stale]

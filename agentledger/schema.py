@@ -21,6 +21,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -291,6 +292,10 @@ class AgentOutcomeRollup(Base):
     agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)
     day: Mapped[date] = mapped_column(Date, primary_key=True)
     status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    # Run endings spread over a few rows per key (``ingest.rollup.ROLLUP_SHARDS``): one hot
+    # row would serialise every transaction that ends a run of a busy agent on its row lock.
+    # Readers sum over shards.
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
     runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
     latency_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
     latency_sum: Mapped[float] = mapped_column(Float, nullable=False)

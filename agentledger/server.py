@@ -17,6 +17,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from agentledger.config import Settings
+from agentledger.gc_tuning import tune_for_long_running_process
 
 log = logging.getLogger("agentledger.server")
 
@@ -80,6 +81,7 @@ class _Gunicorn(BaseApplication):
         worker.agentledger_slot = next(i for i in range(len(used) + 1) if i not in used)
 
     def _post_worker_init(self, worker) -> None:
+        tune_for_long_running_process()
         if not self.run_worker:
             return
         from agentledger.reconciler import ReconcilerThread

@@ -23,7 +23,7 @@ from agentledger.hashing import canonical_json, event_hash_of_json
 from agentledger.ids import new_id
 from agentledger.schema import ACTIVE, TERMINAL, AgentRun, Message, RunEvent
 from ingest.event_types import validated_data
-from ingest.rollup import RunOutcome, record_run_end, run_usage
+from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
 from ingest.state_machine import next_status
 
 _RUN_COLUMNS = (
@@ -222,7 +222,7 @@ def append_events(
             agent_id=run.agent_id, agent_version=run.agent_version, status=status,
             created_at=run.created_at, started_at=values.get("started_at", run.started_at),
             finished_at=now, input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost,
-        ))
+        ), shard=rollup_shard(run_id))
     dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
     if status in TERMINAL and run.parent_run_id:
         _tell_parent(session, run.parent_run_id, run_id, status, now)

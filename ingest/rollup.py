@@ -10,6 +10,7 @@ has not ended is not in the rollup at all (the read side adds those few live run
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -22,7 +23,15 @@ from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_
 from agentledger.schema import TERMINAL, AgentOutcomeRollup, AgentRun, RunEvent
 
 ROLLUP = AgentOutcomeRollup.__table__
-KEY = ["agent_id", "agent_version", "day", "status"]
+KEY = ["agent_id", "agent_version", "day", "status", "shard"]
+# Rows per (agent, version, day, status) that single run endings spread over, so concurrent
+# endings of one busy agent rarely wait on each other's row lock (readers sum the shards).
+ROLLUP_SHARDS = 16
+
+
+def rollup_shard(run_id: str) -> int:
+    """The shard a run's ending is counted in: stable, and spread evenly over run ids."""
+    return zlib.crc32(run_id.encode()) % ROLLUP_SHARDS
 _SUMS = ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
          "output_tokens", "cost_usd")
 
@@ -86,12 +95,13 @@ class RollupBatch:
     """Ended runs summed in memory per rollup key, then written with one upsert."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, int, date, str], _Row] = {}
+        self.rows: dict[tuple[str, int, date, str, int], _Row] = {}
 
-    def add(self, outcome: RunOutcome) -> None:
+    def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
         if outcome.status not in TERMINAL:
             raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
-        key = (outcome.agent_id, outcome.agent_version, outcome.created_at.date(), outcome.status)
+        key = (outcome.agent_id, outcome.agent_version, outcome.created_at.date(), outcome.status,
+               shard)
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = _Row()
@@ -141,10 +151,11 @@ class RollupBatch:
         self.rows.clear()
 
 
-def record_run_end(session: Session, outcome: RunOutcome) -> None:
-    """Add one ended run to the rollup (called by ``append_events`` in the ending transaction)."""
+def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> None:
+    """Add one ended run to the rollup (called by ``append_events`` in the ending transaction,
+    with the run's ``rollup_shard``)."""
     batch = RollupBatch()
-    batch.add(outcome)
+    batch.add(outcome, shard=shard)
     batch.write(session)
 
 

@@ -49,12 +49,20 @@ def stored(db) -> dict:
     table = AgentOutcomeRollup.__table__
     with db.read() as s:
         rows = s.execute(select(table)).mappings().all()
-    found = {}
+    found: dict = {}
     for r in rows:
-        row = {k: r[k] for k in _empty() if not k.endswith("_h")}
-        row["latency_h"] = [r[c] for c in LATENCY_COLUMNS]
-        row["wait_h"] = [r[c] for c in WAIT_COLUMNS]
-        found[(r["agent_id"], r["agent_version"], r["day"], r["status"])] = row
+        # The rows of one key are shards of one count: the stored value is their merge.
+        key = (r["agent_id"], r["agent_version"], r["day"], r["status"])
+        row = found.setdefault(key, _empty())
+        for name in ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
+                     "output_tokens", "cost_usd"):
+            row[name] += r[name]
+        for name, pick in (("latency_min", min), ("wait_min", min), ("latency_max", max),
+                           ("wait_max", max)):
+            if r[name] is not None:
+                row[name] = r[name] if row[name] is None else pick(row[name], r[name])
+        row["latency_h"] = [a + r[c] for a, c in zip(row["latency_h"], LATENCY_COLUMNS, strict=True)]
+        row["wait_h"] = [a + r[c] for a, c in zip(row["wait_h"], WAIT_COLUMNS, strict=True)]
     return found
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from agentledger.outcome_histogram import EDGES, bucket_of, estimate_percentiles
 from agentledger.schema import AgentOutcomeRollup
-from ingest.rollup import rebuild_rollup
+from ingest.rollup import ROLLUP_SHARDS, rebuild_rollup, rollup_shard
 from queries.agent_outcomes import agent_outcomes, outcome_trend
 from queries.common import TimeWindow
 
@@ -109,21 +109,34 @@ def _all_runs(db) -> int:
         return len(s.execute(select(AgentRun.id)).all())
 
 
-def test_one_upsert_row_per_agent_version_day_status(db):
+def test_run_endings_sum_into_the_shards_of_one_agent_version_day_status(db):
     h.agent(db, "alpha")
     chat = h.chat(db, owner="alice", agent_id="alpha")
-    for n in range(3):
+    run_ids = [
         h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(n * 10), queue_s=1,
-                   run_s=2 + n)
+                   run_s=2 + n).run_id
+        for n in range(3)
+    ]
     with db.read() as s:
         rows = s.execute(select(AgentOutcomeRollup.__table__)).mappings().all()
-    assert len(rows) == 1
-    row = rows[0]
-    assert (row["agent_id"], row["agent_version"], row["status"], row["runs"]) == ("alpha", 1, "succeeded", 3)
-    assert row["day"] == h.T0.date()
+    # Each ending was one upsert into its run's shard, so the rows are exactly those shards.
+    assert sorted(r["shard"] for r in rows) == sorted({rollup_shard(r) for r in run_ids})
+    assert {(r["agent_id"], r["agent_version"], r["status"], r["day"]) for r in rows} == {
+        ("alpha", 1, "succeeded", h.T0.date())}
+    [row] = stored(db).values()  # the shards merged
+    assert row["runs"] == 3
     assert (row["latency_n"], row["latency_sum"], row["latency_min"], row["latency_max"]) == (3, 9.0, 2.0, 4.0)
     assert (row["wait_n"], row["wait_sum"], row["wait_min"], row["wait_max"]) == (3, 3.0, 1.0, 1.0)
-    assert row[f"latency_h{bucket_of(3.0):02d}"] == 1 and row[f"wait_h{bucket_of(1.0):02d}"] == 3
+    assert row["latency_h"][bucket_of(3.0)] == 1 and row["wait_h"][bucket_of(1.0)] == 3
+
+
+def test_rollup_shards_spread_run_ids_over_every_shard():
+    from agentledger.ids import new_id
+
+    counts = [0] * ROLLUP_SHARDS
+    for _ in range(3200):
+        counts[rollup_shard(new_id("run"))] += 1
+    assert min(counts) > 100  # about 200 each: no shard is left out or overloaded
 
 
 def test_histogram_buckets_and_estimates():

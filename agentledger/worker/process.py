@@ -10,6 +10,7 @@ import threading
 
 from agentledger.config import Settings
 from agentledger.database import Database
+from agentledger.gc_tuning import tune_for_long_running_process
 from agentledger.migrate import upgrade
 from agentledger.notifier import EventNotifier
 from agentledger.reconciler import ReconcilerThread
@@ -32,6 +33,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
                         concurrency=concurrency, notifier=notifier)
     reconciler = ReconcilerThread(db, settings)
     done = threading.Event()
+    tune_for_long_running_process()
 
     def on_signal(signum, _frame):
         done.set()

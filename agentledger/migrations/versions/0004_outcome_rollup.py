@@ -6,7 +6,8 @@ Create Date: 2026-12-06
 
 Ended runs summed per (agent, version, UTC day of creation, terminal status), maintained in the
 transaction that ends each run, with fixed log-scale histograms of latency and queue wait
-(64 buckets each, see agentledger/outcome_histogram.py). Existing runs are summed into it here.
+(64 buckets each, see agentledger/outcome_histogram.py). Existing runs are summed into it by
+0007, once the table has its final key.
 """
 import sqlalchemy as sa
 from alembic import op
@@ -47,21 +48,6 @@ def upgrade() -> None:
                                 name=op.f('pk_agent_outcome_rollup')),
     )
     op.create_index(op.f('ix_agent_outcome_rollup_day'), 'agent_outcome_rollup', ['day'])
-    _backfill()
-
-
-def _backfill() -> None:
-    """Sum the runs that ended before this migration (a no-op on a new database)."""
-    from agentledger.schema import AgentRun
-
-    bind = op.get_bind()
-    if bind.execute(sa.select(sa.func.count()).select_from(AgentRun.__table__).where(
-            AgentRun.status.in_(('succeeded', 'failed', 'cancelled', 'interrupted')))).scalar():
-        from sqlalchemy.orm import Session
-
-        from ingest.rollup import rebuild_rollup
-
-        rebuild_rollup(Session(bind=bind))
 
 
 def downgrade() -> None:

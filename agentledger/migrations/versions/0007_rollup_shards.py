@@ -1,0 +1,68 @@
+"""outcome rollup shards
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-11-30
+
+Run endings of one agent all upserted the same rollup row, so concurrent endings queued on its
+row lock. The key gains a small ``shard`` (0-15, from the run id); readers sum over shards.
+Existing rows become shard 0. Runs that ended before the rollup existed are summed into it here
+(this backfill was 0004's; it needs the final key).
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0007'
+down_revision = '0006'
+branch_labels = None
+depends_on = None
+
+KEY = ['agent_id', 'agent_version', 'day', 'status']
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('agent_outcome_rollup') as batch:
+        batch.add_column(sa.Column('shard', sa.SmallInteger(), server_default=sa.text('0'),
+                                   nullable=False))
+        batch.drop_constraint('pk_agent_outcome_rollup', type_='primary')
+        batch.create_primary_key('pk_agent_outcome_rollup', [*KEY, 'shard'])
+    _backfill()
+
+
+def _backfill() -> None:
+    """Sum the runs that ended before the rollup existed (a no-op on a new database)."""
+    from agentledger.schema import AgentRun
+
+    bind = op.get_bind()
+    rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup')).scalar()
+    ended = bind.execute(sa.select(sa.func.count()).select_from(AgentRun.__table__).where(
+        AgentRun.status.in_(('succeeded', 'failed', 'cancelled', 'interrupted')))).scalar()
+    if ended and not rolled_up:
+        from sqlalchemy.orm import Session
+
+        from ingest.rollup import rebuild_rollup
+
+        rebuild_rollup(Session(bind=bind))
+
+
+def downgrade() -> None:
+    # Fold the shards into one row per key first: no ended run may drop out of the counts.
+    from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
+
+    sums = ['runs', 'latency_n', 'latency_sum', 'wait_n', 'wait_sum', 'input_tokens',
+            'output_tokens', 'cost_usd', *LATENCY_COLUMNS, *WAIT_COLUMNS]
+    lows, highs = ['latency_min', 'wait_min'], ['latency_max', 'wait_max']
+    columns = [*KEY, *sums, *lows, *highs]
+    merged = ', '.join([*KEY, *(f'sum({c}) AS {c}' for c in sums),
+                        *(f'min({c}) AS {c}' for c in lows), *(f'max({c}) AS {c}' for c in highs)])
+    op.execute(sa.text(f'CREATE TEMPORARY TABLE rollup_merged AS SELECT {merged} '
+                       f'FROM agent_outcome_rollup GROUP BY {", ".join(KEY)}'))
+    op.execute(sa.text('DELETE FROM agent_outcome_rollup'))
+    with op.batch_alter_table('agent_outcome_rollup') as batch:
+        batch.drop_constraint('pk_agent_outcome_rollup', type_='primary')
+        batch.create_primary_key('pk_agent_outcome_rollup', KEY)
+        batch.drop_column('shard')
+    listed = ', '.join(columns)
+    op.execute(sa.text(f'INSERT INTO agent_outcome_rollup ({listed}) '
+                       f'SELECT {listed} FROM rollup_merged'))
+    op.execute(sa.text('DROP TABLE rollup_merged'))
