@@ -132,6 +132,22 @@ class Database:
             with session.begin():
                 yield session
 
+    @contextmanager
+    def read_latest(self) -> Iterator[Session]:
+        """Reads whose every statement sees the latest commits, with no snapshot across them.
+
+        On PostgreSQL they run outside a transaction (autocommit): no BEGIN and COMMIT round
+        trips. For loops that re-read small things often (an event stream after each
+        notification); under READ COMMITTED a transaction would not give them one snapshot
+        anyway.
+        """
+        if not self.is_postgres:
+            with self.read() as session:
+                yield session
+            return
+        with Session(self._autocommit_read_engine, autoflush=False) as session:
+            yield session
+
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
 

@@ -275,7 +275,25 @@ class RateLimitWindow(Base):
     count: Mapped[int] = mapped_column(Integer, nullable=False)
 
 
-class AgentOutcomeRollup(Base):
+class _OutcomeMeasures:
+    """What a rollup row sums: counts, latency and wait (sum, min, max and a log-scale
+    histogram, ``agentledger.outcome_histogram``), tokens and cost."""
+
+    runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_sum: Mapped[float] = mapped_column(Float, nullable=False)
+    latency_min: Mapped[float | None] = mapped_column(Float)
+    latency_max: Mapped[float | None] = mapped_column(Float)
+    wait_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    wait_sum: Mapped[float] = mapped_column(Float, nullable=False)
+    wait_min: Mapped[float | None] = mapped_column(Float)
+    wait_max: Mapped[float | None] = mapped_column(Float)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    cost_usd: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class AgentOutcomeRollup(_OutcomeMeasures, Base):
     """Ended runs per agent, version, UTC day of creation and terminal status.
 
     Maintained in the transaction that ends each run (``ingest.rollup``; bulk imports add their
@@ -296,25 +314,28 @@ class AgentOutcomeRollup(Base):
     # row would serialise every transaction that ends a run of a busy agent on its row lock.
     # Readers sum over shards.
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
-    runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    latency_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    latency_sum: Mapped[float] = mapped_column(Float, nullable=False)
-    latency_min: Mapped[float | None] = mapped_column(Float)
-    latency_max: Mapped[float | None] = mapped_column(Float)
-    wait_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    wait_sum: Mapped[float] = mapped_column(Float, nullable=False)
-    wait_min: Mapped[float | None] = mapped_column(Float)
-    wait_max: Mapped[float | None] = mapped_column(Float)
-    input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    cost_usd: Mapped[float] = mapped_column(Float, nullable=False)
 
 
-for _column in (*LATENCY_COLUMNS, *WAIT_COLUMNS):
-    AgentOutcomeRollup.__table__.append_column(
-        Column(_column, Integer, nullable=False, server_default=text("0"))
-    )
-del _column
+class AgentOutcomeRollupHour(_OutcomeMeasures, Base):
+    """The same sums per UTC *hour* of creation, for the partial days at a window's edges: a
+    window that does not start and end at midnight reads whole days from
+    ``agent_outcome_rollup``, whole hours from here, and scans runs only for the partial hours
+    (at most two), so its cost does not depend on the time of day."""
+
+    __tablename__ = "agent_outcome_rollup_hour"
+    __table_args__ = (Index(None, "hour"),)
+
+    agent_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
+
+
+for _table in (AgentOutcomeRollup.__table__, AgentOutcomeRollupHour.__table__):
+    for _column in (*LATENCY_COLUMNS, *WAIT_COLUMNS):
+        _table.append_column(Column(_column, Integer, nullable=False, server_default=text("0")))
+del _table, _column
 
 
 class ArchivedRun(Base):

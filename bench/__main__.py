@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -37,6 +38,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-peer", action="store_true", help="do not run LangGraph (the peer)")
     p.add_argument("--reload", action="store_true",
                    help="drop and reload the data set even if the database holds enough runs")
+    p.add_argument("--server-workers", type=int, default=os.cpu_count() or 1,
+                   help="gunicorn worker processes of the measured `agentledger serve` "
+                        "(default: one per CPU, the deployment the README recommends)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"),
                    help="where results go (default bench/results)")
     return p.parse_args(argv)
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_bench_agent(db)
         viewer = token(db, "bench-viewer", "viewer")
         picked = reads.sample(db, 1)
-        with Server(url, workdir, threads=SERVER_THREADS) as srv:
+        with Server(url, workdir, threads=SERVER_THREADS, workers=args.server_workers) as srv:
             _guarded(rows, "reads", "reads", lambda: reads.run(db, srv.base_url, viewer, pg, sizes))
             _guarded(rows, "dashboards", "dashboards", lambda: dashboards.measure(
                 srv.base_url, viewer, dashboards.page_paths(picked.messages[0], picked.trees[0]),
@@ -120,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         db.dispose()
     _guarded(rows, "sse", "SSE SQLite", lambda: _sse_sqlite(workdir, sizes))
     _guarded(rows, "peer", "peer comparison",
-             lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer))
+             lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer,
+                                        workers=args.server_workers))
 
     result = {
         "started_at": started_at,
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "machine": report.machine_info(url),
         "config": {"quick": args.quick, "runs_requested": runs, "skip_peer": args.skip_peer,
+                   "server_workers": args.server_workers,
                    "sizes": sizes.__dict__},
         "load": {"reused": load.reused, "path": load.path, "seconds": load.seconds,
                  "runs": load.runs, "events": load.events},

@@ -206,7 +206,8 @@ def _measure(label: str, make_client, sizes: Sizes) -> dict:
     return found
 
 
-def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False) -> list[Row]:
+def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False,
+        workers: int = 1) -> list[Row]:
     """Both sides; the LangGraph side is skipped (with the reason in the rows) when asked or
     when it cannot be installed or started. The agentledger side always runs."""
     names = ["one run end to end, concurrency 1 (p50)", "one run end to end, concurrency 1 (p95)",
@@ -225,7 +226,7 @@ def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False) -> li
     except Unavailable as exc:
         log(f"peer comparison skipped: {exc}")
         reason = str(exc)
-    ledger = _ledger(url, workdir, sizes)
+    ledger = _ledger(url, workdir, sizes, workers)
     rows = []
     for name in names:
         if "p50" in name or "p95" in name:
@@ -258,8 +259,9 @@ def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False) -> li
     return rows
 
 
-def _ledger(url: str, workdir: Path, sizes: Sizes) -> dict:
-    """agentledger with its worker on a fresh database beside the bench's."""
+def _ledger(url: str, workdir: Path, sizes: Sizes, workers: int) -> dict:
+    """agentledger (``serve`` with its in-process executor, ``workers`` gunicorn processes)
+    on a fresh database beside the bench's."""
     from agentledger.migrate import upgrade
 
     if is_postgres(url):
@@ -275,7 +277,7 @@ def _ledger(url: str, workdir: Path, sizes: Sizes) -> dict:
     try:
         ensure_bench_agent(db)
         user = token(db, "peer-user", "user")
-        with Server(peer_url, workdir, worker=True, threads=160, concurrency=10, name="peer") as srv:
+        with Server(peer_url, workdir, worker=True, threads=160, concurrency=10, name="peer", workers=workers) as srv:
             return _measure("agentledger", lambda: LedgerClient(srv.base_url, user), sizes)
     finally:
         db.dispose()

@@ -1,9 +1,10 @@
-"""The per-agent outcome rollup (``agent_outcome_rollup``), kept in step with run endings.
+"""The per-agent outcome rollups (``agent_outcome_rollup`` per UTC day of creation and
+``agent_outcome_rollup_hour`` per UTC hour), kept in step with run endings.
 
 ``append_events`` calls ``record_run_end`` in the transaction that appends a run's terminal
 event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
-frozen agent version, the UTC day it was *created* (the day the read side's windows select
-runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
+frozen agent version, the UTC day and hour it was *created* (what the read side's windows
+select runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
 when it ends: a terminal event is always the last one, so that sum is final, and a run that
 has not ended is not in the rollup at all (the read side adds those few live runs itself).
 """
@@ -13,17 +14,25 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from agentledger import dialect
 from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
-from agentledger.schema import TERMINAL, AgentOutcomeRollup, AgentRun, RunEvent
+from agentledger.schema import (
+    TERMINAL,
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentRun,
+    RunEvent,
+)
 
 ROLLUP = AgentOutcomeRollup.__table__
+ROLLUP_HOUR = AgentOutcomeRollupHour.__table__
 KEY = ["agent_id", "agent_version", "day", "status", "shard"]
+HOUR_KEY = ["agent_id", "agent_version", "hour", "status", "shard"]
 # Rows per (agent, version, day, status) that single run endings spread over, so concurrent
 # endings of one busy agent rarely wait on each other's row lock (readers sum the shards).
 ROLLUP_SHARDS = 16
@@ -91,64 +100,80 @@ def _higher(a: float | None, b: float) -> float:
     return b if a is None or b > a else a
 
 
+def _accumulate(row: _Row, outcome: RunOutcome) -> None:
+    sums = row.sums
+    sums["runs"] += 1
+    sums["input_tokens"] += outcome.input_tokens
+    sums["output_tokens"] += outcome.output_tokens
+    sums["cost_usd"] += outcome.cost_usd
+    latency, wait = outcome.latency, outcome.wait
+    if latency is not None:
+        sums["latency_n"] += 1
+        sums["latency_sum"] += latency
+        row.latency_min, row.latency_max = _lower(row.latency_min, latency), _higher(row.latency_max, latency)
+        b = bucket_of(latency)
+        row.latency_h[b] = row.latency_h.get(b, 0) + 1
+    if wait is not None:
+        sums["wait_n"] += 1
+        sums["wait_sum"] += wait
+        row.wait_min, row.wait_max = _lower(row.wait_min, wait), _higher(row.wait_max, wait)
+        b = bucket_of(wait)
+        row.wait_h[b] = row.wait_h.get(b, 0) + 1
+
+
+def _hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
 class RollupBatch:
-    """Ended runs summed in memory per rollup key, then written with one upsert."""
+    """Ended runs summed in memory per rollup key (a day row and an hour row each), then
+    written with one upsert per table."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, int, date, str, int], _Row] = {}
+        self.days: dict[tuple[str, int, date, str, int], _Row] = {}
+        self.hours: dict[tuple[str, int, datetime, str, int], _Row] = {}
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
         if outcome.status not in TERMINAL:
             raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
-        key = (outcome.agent_id, outcome.agent_version, outcome.created_at.date(), outcome.status,
-               shard)
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = _Row()
-        sums = row.sums
-        sums["runs"] += 1
-        sums["input_tokens"] += outcome.input_tokens
-        sums["output_tokens"] += outcome.output_tokens
-        sums["cost_usd"] += outcome.cost_usd
-        latency, wait = outcome.latency, outcome.wait
-        if latency is not None:
-            sums["latency_n"] += 1
-            sums["latency_sum"] += latency
-            row.latency_min, row.latency_max = _lower(row.latency_min, latency), _higher(row.latency_max, latency)
-            b = bucket_of(latency)
-            row.latency_h[b] = row.latency_h.get(b, 0) + 1
-        if wait is not None:
-            sums["wait_n"] += 1
-            sums["wait_sum"] += wait
-            row.wait_min, row.wait_max = _lower(row.wait_min, wait), _higher(row.wait_max, wait)
-            b = bucket_of(wait)
-            row.wait_h[b] = row.wait_h.get(b, 0) + 1
+        created = outcome.created_at.astimezone(UTC)
+        for rows, period in ((self.days, created.date()), (self.hours, _hour_of(created))):
+            key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = _Row()
+            _accumulate(row, outcome)
 
     def write(self, session: Session) -> None:
-        """One upsert for the whole batch (keys sorted: concurrent writers lock in one order)."""
-        if not self.rows:
-            return
-        used_latency = sorted({b for r in self.rows.values() for b in r.latency_h})
-        used_wait = sorted({b for r in self.rows.values() for b in r.wait_h})
-        values = []
-        for key in sorted(self.rows):
-            row = self.rows[key]
-            item = dict(zip(KEY, key, strict=True))
-            item.update(row.sums)
-            item["latency_sum"] = float(item["latency_sum"])
-            item["wait_sum"] = float(item["wait_sum"])
-            item["cost_usd"] = float(item["cost_usd"])
-            item.update(latency_min=row.latency_min, latency_max=row.latency_max,
-                        wait_min=row.wait_min, wait_max=row.wait_max)
-            for b in used_latency:
-                item[LATENCY_COLUMNS[b]] = row.latency_h.get(b, 0)
-            for b in used_wait:
-                item[WAIT_COLUMNS[b]] = row.wait_h.get(b, 0)
-            values.append(item)
-        dialect.upsert_adding(session, ROLLUP, KEY, values,
-                              least=("latency_min", "wait_min"),
-                              greatest=("latency_max", "wait_max"))
-        self.rows.clear()
+        """One upsert per table (keys sorted: concurrent writers lock in one order)."""
+        for table, key_columns, rows in ((ROLLUP, KEY, self.days),
+                                         (ROLLUP_HOUR, HOUR_KEY, self.hours)):
+            if rows:
+                _upsert(session, table, key_columns, rows)
+            rows.clear()
+
+
+def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, _Row]) -> None:
+    used_latency = sorted({b for r in rows.values() for b in r.latency_h})
+    used_wait = sorted({b for r in rows.values() for b in r.wait_h})
+    values = []
+    for key in sorted(rows):
+        row = rows[key]
+        item = dict(zip(key_columns, key, strict=True))
+        item.update(row.sums)
+        item["latency_sum"] = float(item["latency_sum"])
+        item["wait_sum"] = float(item["wait_sum"])
+        item["cost_usd"] = float(item["cost_usd"])
+        item.update(latency_min=row.latency_min, latency_max=row.latency_max,
+                    wait_min=row.wait_min, wait_max=row.wait_max)
+        for b in used_latency:
+            item[LATENCY_COLUMNS[b]] = row.latency_h.get(b, 0)
+        for b in used_wait:
+            item[WAIT_COLUMNS[b]] = row.wait_h.get(b, 0)
+        values.append(item)
+    dialect.upsert_adding(session, table, key_columns, values,
+                          least=("latency_min", "wait_min"),
+                          greatest=("latency_max", "wait_max"))
 
 
 def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> None:
@@ -173,6 +198,7 @@ def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
     For the migration that introduces the rollup and for repairs; live traffic never needs it.
     """
     session.execute(delete(AgentOutcomeRollup))
+    session.execute(delete(AgentOutcomeRollupHour))
     counted, after = 0, ""
     while True:
         runs = session.execute(

@@ -3,8 +3,9 @@
 For runs created in a window: counts and rates by terminal status, latency percentiles (p50,
 p95, p99 of started → finished, for runs that ran and ended), queue wait (created → started),
 tokens and cost summed from ``usage`` events, and the trend per day. Ended runs are read from
-the incrementally maintained ``agent_outcome_rollup`` for whole UTC days, so a day-aligned
-window of any length answers without scanning runs; percentiles are histogram estimates. A run counts under the
+the incrementally maintained rollups (whole UTC days, and whole hours of partial days), so a
+window of any length scans at most two partial hours of runs; percentiles are histogram
+estimates. A run counts under the
 agent version frozen in its snapshot (``agent_run.agent_version``), so comparing versions
 compares what each really did.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from agentledger.outcome_histogram import (
@@ -30,6 +31,7 @@ from agentledger.schema import (
     TERMINAL,
     Agent,
     AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
     AgentRun,
     AgentVersion,
     RunEvent,
@@ -186,12 +188,36 @@ def _midnight(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class _Split:
-    """A window as whole UTC days (answered by the rollup) plus partial-day edges (scanned)."""
+    """A window as whole UTC days (the day rollup), whole UTC hours of its partial days (the
+    hour rollup) and partial hours at its edges (scanned: at most two hours of runs)."""
 
     first_day: date | None  # None: from the beginning
     end_day: date | None  # exclusive; None: to the end
+    hours: tuple[tuple[datetime, datetime], ...]  # [start, end) ranges of whole hours
     edges: tuple[TimeWindow, ...]
     has_days: bool
+
+
+def _floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = _floor_hour(moment)
+    return floor if floor == moment.astimezone(UTC) else floor + timedelta(hours=1)
+
+
+def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
+    """A bounded partial day as whole hours plus partial-hour edges."""
+    first, last = _ceil_hour(part.start), _floor_hour(part.end)
+    if first >= last:
+        return [], [part]
+    edges = []
+    if part.start.astimezone(UTC) < first:
+        edges.append(TimeWindow(part.start, first))
+    if last < part.end.astimezone(UTC):
+        edges.append(TimeWindow(last, part.end))
+    return [(first, last)], edges
 
 
 def _split(window: TimeWindow) -> _Split:
@@ -201,14 +227,21 @@ def _split(window: TimeWindow) -> _Split:
         first += timedelta(days=1)
     last = None if end is None else _midnight(end)
     if first is not None and last is not None and first >= last:
-        return _Split(None, None, (window,), False)
-    edges = []
+        hours, edges = _split_hours(window)
+        return _Split(None, None, tuple(hours), tuple(edges), False)
+    partial_days = []
     if first is not None and start.astimezone(UTC) < first:
-        edges.append(TimeWindow(start, first))
+        partial_days.append(TimeWindow(start, first))
     if last is not None and last < end.astimezone(UTC):
-        edges.append(TimeWindow(last, end))
+        partial_days.append(TimeWindow(last, end))
+    hours: list[tuple[datetime, datetime]] = []
+    edges: list[TimeWindow] = []
+    for part in partial_days:
+        whole, partial = _split_hours(part)
+        hours += whole
+        edges += partial
     return _Split(first.date() if first else None, last.date() if last else None,
-                  tuple(edges), True)
+                  tuple(hours), tuple(edges), True)
 
 
 def _rollup_where(split: _Split, agent_id: str | None, version: int | None = None) -> list:
@@ -224,41 +257,57 @@ def _rollup_where(split: _Split, agent_id: str | None, version: int | None = Non
     return found
 
 
+def _hour_where(split: _Split, agent_id: str | None, version: int | None = None) -> list:
+    found = [or_(*(and_(_H.hour >= a, _H.hour < b) for a, b in split.hours))]
+    if agent_id is not None:
+        found.append(_H.agent_id == agent_id)
+    if version is not None:
+        found.append(_H.agent_version == version)
+    return found
+
+
 _R = AgentOutcomeRollup.__table__.c
+_H = AgentOutcomeRollupHour.__table__.c
+
+
+def _sums(table):
+    hist = [func.sum(table[c]) for c in (*LATENCY_COLUMNS, *WAIT_COLUMNS)]
+    return (
+        table.agent_id, table.agent_version, table.status,
+        func.sum(table.runs), func.sum(table.latency_n), func.sum(table.latency_sum),
+        func.min(table.latency_min), func.max(table.latency_max),
+        func.sum(table.wait_n), func.sum(table.wait_sum), func.min(table.wait_min),
+        func.max(table.wait_max),
+        func.sum(table.input_tokens), func.sum(table.output_tokens), func.sum(table.cost_usd),
+        *hist,
+    )
 
 
 def _from_rollup(session: Session, split: _Split, agent_id: str | None,
                  versions: dict[tuple[str, int], _Acc]) -> None:
-    if not split.has_days:
-        return
-    hist = [func.sum(_R[c]) for c in (*LATENCY_COLUMNS, *WAIT_COLUMNS)]
-    rows = session.execute(
-        select(
-            _R.agent_id, _R.agent_version, _R.status,
-            func.sum(_R.runs), func.sum(_R.latency_n), func.sum(_R.latency_sum),
-            func.min(_R.latency_min), func.max(_R.latency_max),
-            func.sum(_R.wait_n), func.sum(_R.wait_sum), func.min(_R.wait_min), func.max(_R.wait_max),
-            func.sum(_R.input_tokens), func.sum(_R.output_tokens), func.sum(_R.cost_usd),
-            *hist,
-        )
-        .where(*_rollup_where(split, agent_id))
-        .group_by(_R.agent_id, _R.agent_version, _R.status)
-        .limit(MAX_GROUPS)
-    ).all()
-    for r in rows:
-        acc = _Acc(
-            runs=int(r[3]), by_status={r[2]: int(r[3])},
-            latency_n=int(r[4]), latency_sum=float(r[5]),
-            latency_min=None if r[6] is None else float(r[6]),
-            latency_max=None if r[7] is None else float(r[7]),
-            wait_n=int(r[8]), wait_sum=float(r[9]),
-            wait_min=None if r[10] is None else float(r[10]),
-            wait_max=None if r[11] is None else float(r[11]),
-            input_tokens=int(r[12]), output_tokens=int(r[13]), cost_usd=float(r[14]),
-            latency_h=[int(v) for v in r[15:15 + BUCKETS]],
-            wait_h=[int(v) for v in r[15 + BUCKETS:15 + 2 * BUCKETS]],
-        )
-        versions.setdefault((r[0], r[1]), _Acc()).merge(acc)
+    """Whole days from the day rollup, whole hours of the partial days from the hour rollup."""
+    queries = []
+    if split.has_days:
+        queries.append(select(*_sums(_R)).where(*_rollup_where(split, agent_id))
+                       .group_by(_R.agent_id, _R.agent_version, _R.status))
+    if split.hours:
+        queries.append(select(*_sums(_H)).where(*_hour_where(split, agent_id))
+                       .group_by(_H.agent_id, _H.agent_version, _H.status))
+    for query in queries:
+        for r in session.execute(query.limit(MAX_GROUPS)).all():
+            acc = _Acc(
+                runs=int(r[3]), by_status={r[2]: int(r[3])},
+                latency_n=int(r[4]), latency_sum=float(r[5]),
+                latency_min=None if r[6] is None else float(r[6]),
+                latency_max=None if r[7] is None else float(r[7]),
+                wait_n=int(r[8]), wait_sum=float(r[9]),
+                wait_min=None if r[10] is None else float(r[10]),
+                wait_max=None if r[11] is None else float(r[11]),
+                input_tokens=int(r[12]), output_tokens=int(r[13]), cost_usd=float(r[14]),
+                latency_h=[int(v) for v in r[15:15 + BUCKETS]],
+                wait_h=[int(v) for v in r[15 + BUCKETS:15 + 2 * BUCKETS]],
+            )
+            versions.setdefault((r[0], r[1]), _Acc()).merge(acc)
 
 
 def _scan(session: Session, where: list, versions: dict[tuple[str, int], _Acc]) -> None:
@@ -294,9 +343,10 @@ def agent_outcomes(
 ) -> AgentOutcomes:
     """Outcomes of the runs created in ``window``.
 
-    Ended runs come from ``agent_outcome_rollup`` for the whole UTC days of the window; runs of
-    partial days at its edges, and runs that have not ended yet (few, on a partial index), are
-    read from ``agent_run``. Counts, rates, tokens and cost are exact; percentiles are
+    Ended runs come from ``agent_outcome_rollup`` for the whole UTC days of the window and from
+    ``agent_outcome_rollup_hour`` for the whole hours of its partial days; runs of the partial
+    hours at its edges (at most two hours), and runs that have not ended yet (few, on a
+    partial index), are read from ``agent_run``. Counts, rates, tokens and cost are exact; percentiles are
     estimated from the rollup's log-scale histograms (within one bucket, ≤ 26 %), means exact.
     """
     split = _split(window)
@@ -372,8 +422,8 @@ def outcome_trend(
 ) -> OutcomeTrend:
     """Runs created per bucket (a day by default) and status, oldest first.
 
-    Day buckets come from the rollup for whole days (plus the edges and live runs, as in
-    ``agent_outcomes``); other bucket widths count ``agent_run`` rows.
+    Day buckets come from the rollups for whole days and hours (plus the partial-hour edges
+    and live runs, as in ``agent_outcomes``); other bucket widths count ``agent_run`` rows.
     """
     if bucket_seconds != DAY:
         return _trend_by_scan(session, window, agent_id, version, bucket_seconds)
@@ -388,6 +438,14 @@ def outcome_trend(
             if isinstance(day, str):  # pragma: no cover - SQLite without type processing
                 day = date.fromisoformat(day)
             key = (int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()), status)
+            counts[key] = counts.get(key, 0) + int(runs)
+    if split.hours:
+        for hour, status, runs in session.execute(
+            select(_H.hour, _H.status, func.sum(_H.runs))
+            .where(*_hour_where(split, agent_id, version))
+            .group_by(_H.hour, _H.status)
+        ):
+            key = (int(_midnight(hour).timestamp()), status)
             counts[key] = counts.get(key, 0) + int(runs)
     scans = [(edge, AgentRun.status.in_(TERMINAL)) for edge in split.edges]
     scans.append((window, AgentRun.status.in_(NON_TERMINAL)))

@@ -26,7 +26,7 @@ DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 TABLES = (
     "run_event", "message", "agent_run", "chat_session", "conversation_thread",
     "agent_version", "agent", "context_blob", "api_token", "rate_limit_window",
-    "agent_outcome_rollup", "archived_run", "admin_action",
+    "agent_outcome_rollup", "agent_outcome_rollup_hour", "archived_run", "admin_action",
 )
 
 

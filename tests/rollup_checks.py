@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from sqlalchemy import select
 
 from agentledger.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
-from agentledger.schema import TERMINAL, AgentOutcomeRollup, AgentRun, RunEvent
+from agentledger.schema import (
+    TERMINAL,
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentRun,
+    RunEvent,
+)
 
 
 def _empty() -> dict:
@@ -15,8 +23,15 @@ def _empty() -> dict:
             "latency_h": [0] * BUCKETS, "wait_h": [0] * BUCKETS}
 
 
-def scanned(db) -> dict:
-    """{(agent, version, day, status): sums} from every ended run, read straight from the tables."""
+def _period(moment, by: str):
+    if by == "day":
+        return moment.date()
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def scanned(db, by: str = "day") -> dict:
+    """{(agent, version, day or hour, status): sums} from every ended run, read straight from
+    the tables."""
     with db.read() as s:
         runs = s.execute(select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version,
                                 AgentRun.status, AgentRun.created_at, AgentRun.started_at,
@@ -28,7 +43,8 @@ def scanned(db) -> dict:
             usage.setdefault(run_id, []).append(data)
     found: dict = {}
     for r in runs:
-        row = found.setdefault((r.agent_id, r.agent_version, r.created_at.date(), r.status), _empty())
+        row = found.setdefault((r.agent_id, r.agent_version, _period(r.created_at, by), r.status),
+                               _empty())
         row["runs"] += 1
         for d in usage.get(r.id, ()):
             row["input_tokens"] += d["input_tokens"]
@@ -45,14 +61,14 @@ def scanned(db) -> dict:
     return found
 
 
-def stored(db) -> dict:
-    table = AgentOutcomeRollup.__table__
+def stored(db, by: str = "day") -> dict:
+    table = (AgentOutcomeRollup if by == "day" else AgentOutcomeRollupHour).__table__
     with db.read() as s:
         rows = s.execute(select(table)).mappings().all()
     found: dict = {}
     for r in rows:
         # The rows of one key are shards of one count: the stored value is their merge.
-        key = (r["agent_id"], r["agent_version"], r["day"], r["status"])
+        key = (r["agent_id"], r["agent_version"], r[by], r["status"])
         row = found.setdefault(key, _empty())
         for name in ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
                      "output_tokens", "cost_usd"):
@@ -67,14 +83,16 @@ def stored(db) -> dict:
 
 
 def assert_rollup_matches_scan(db) -> int:
-    """Exact counts, tokens and histograms; sums of floats to 1e-6. Returns the runs counted."""
-    expected, got = scanned(db), stored(db)
-    assert set(got) == set(expected)
-    for key, want in expected.items():
-        have = got[key]
-        for column, value in want.items():
-            if isinstance(value, float):
-                assert abs(have[column] - value) <= 1e-6 * max(1.0, abs(value)), (key, column)
-            else:
-                assert have[column] == value, (key, column, have[column], value)
+    """Both rollups (per day, per hour) against a scan: exact counts, tokens and histograms;
+    sums of floats to 1e-6. Returns the runs counted."""
+    for by in ("day", "hour"):
+        expected, got = scanned(db, by), stored(db, by)
+        assert set(got) == set(expected), by
+        for key, want in expected.items():
+            have = got[key]
+            for column, value in want.items():
+                if isinstance(value, float):
+                    assert abs(have[column] - value) <= 1e-6 * max(1.0, abs(value)), (by, key, column)
+                else:
+                    assert have[column] == value, (by, key, column, have[column], value)
     return sum(v["runs"] for v in expected.values())

@@ -64,7 +64,7 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
         try:
             while True:
                 seen = notifier.generation(key)
-                with app_state.db.read() as s:
+                with app_state.db.read_latest() as s:
                     page = events_page(s, run_id, after_seq=last, limit=PAGE, visible_to=scope)
                 if page is None:
                     return

@@ -1,4 +1,4 @@
-"""outcome rollup shards
+"""outcome rollup shards, and an hourly rollup
 
 Revision ID: 0007
 Revises: 0006
@@ -6,8 +6,13 @@ Create Date: 2026-11-30
 
 Run endings of one agent all upserted the same rollup row, so concurrent endings queued on its
 row lock. The key gains a small ``shard`` (0-15, from the run id); readers sum over shards.
-Existing rows become shard 0. Runs that ended before the rollup existed are summed into it here
-(this backfill was 0004's; it needs the final key).
+Existing rows become shard 0.
+
+``agent_outcome_rollup_hour`` holds the same sums per UTC hour, for the partial days at a
+window's edges (which were scanned run by run: up to a whole day of runs).
+
+Both are (re)built from the runs here when they are empty and ended runs exist (this backfill
+was 0004's; it needs the final keys).
 """
 import sqlalchemy as sa
 from alembic import op
@@ -18,6 +23,7 @@ branch_labels = None
 depends_on = None
 
 KEY = ['agent_id', 'agent_version', 'day', 'status']
+BUCKETS = 64  # agentledger.outcome_histogram.BUCKETS at the time of this migration
 
 
 def upgrade() -> None:
@@ -26,7 +32,40 @@ def upgrade() -> None:
                                    nullable=False))
         batch.drop_constraint('pk_agent_outcome_rollup', type_='primary')
         batch.create_primary_key('pk_agent_outcome_rollup', [*KEY, 'shard'])
+    _create_hourly()
     _backfill()
+
+
+def _create_hourly() -> None:
+    histogram = [
+        sa.Column(f'{prefix}_h{i:02d}', sa.Integer(), server_default=sa.text('0'), nullable=False)
+        for prefix in ('latency', 'wait') for i in range(BUCKETS)
+    ]
+    op.create_table(
+        'agent_outcome_rollup_hour',
+        sa.Column('agent_id', sa.String(length=63), nullable=False),
+        sa.Column('agent_version', sa.Integer(), nullable=False),
+        sa.Column('hour', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('status', sa.String(length=16), nullable=False),
+        sa.Column('shard', sa.SmallInteger(), server_default=sa.text('0'), nullable=False),
+        sa.Column('runs', sa.BigInteger(), nullable=False),
+        sa.Column('latency_n', sa.BigInteger(), nullable=False),
+        sa.Column('latency_sum', sa.Float(), nullable=False),
+        sa.Column('latency_min', sa.Float(), nullable=True),
+        sa.Column('latency_max', sa.Float(), nullable=True),
+        sa.Column('wait_n', sa.BigInteger(), nullable=False),
+        sa.Column('wait_sum', sa.Float(), nullable=False),
+        sa.Column('wait_min', sa.Float(), nullable=True),
+        sa.Column('wait_max', sa.Float(), nullable=True),
+        sa.Column('input_tokens', sa.BigInteger(), nullable=False),
+        sa.Column('output_tokens', sa.BigInteger(), nullable=False),
+        sa.Column('cost_usd', sa.Float(), nullable=False),
+        *histogram,
+        sa.PrimaryKeyConstraint('agent_id', 'agent_version', 'hour', 'status', 'shard',
+                                name=op.f('pk_agent_outcome_rollup_hour')),
+    )
+    op.create_index(op.f('ix_agent_outcome_rollup_hour_hour'), 'agent_outcome_rollup_hour',
+                    ['hour'])
 
 
 def _backfill() -> None:
@@ -34,7 +73,7 @@ def _backfill() -> None:
     from agentledger.schema import AgentRun
 
     bind = op.get_bind()
-    rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup')).scalar()
+    rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup_hour')).scalar()
     ended = bind.execute(sa.select(sa.func.count()).select_from(AgentRun.__table__).where(
         AgentRun.status.in_(('succeeded', 'failed', 'cancelled', 'interrupted')))).scalar()
     if ended and not rolled_up:
@@ -46,6 +85,8 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
+    op.drop_table('agent_outcome_rollup_hour')
     # Fold the shards into one row per key first: no ended run may drop out of the counts.
     from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 
