@@ -233,6 +233,10 @@ class RunEvent(Base):
         # PostgreSQL only: a few pages of BRIN make time-range scans over 100M events cheap.
         Index("ix_run_event_created_at_brin", "created_at",
               postgresql_using="brin").ddl_if(dialect="postgresql"),
+        # The usage events of a set of runs (tokens and cost of the runs outcome reads scan)
+        # without reading every other event of those runs: about one row per run.
+        Index("ix_run_event_usage", "run_id", sqlite_where=text("type = 'usage'"),
+              postgresql_where=text("type = 'usage'")),
     )
 
     run_id: Mapped[str] = mapped_column(ForeignKey("agent_run.id"), primary_key=True)

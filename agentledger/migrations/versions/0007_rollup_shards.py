@@ -9,7 +9,8 @@ row lock. The key gains a small ``shard`` (0-15, from the run id); readers sum o
 Existing rows become shard 0.
 
 ``agent_outcome_rollup_hour`` holds the same sums per UTC hour, for the partial days at a
-window's edges (which were scanned run by run: up to a whole day of runs).
+window's edges (which were scanned run by run: up to a whole day of runs), and a partial index
+finds the usage events of the runs still scanned without reading their other events.
 
 Both are (re)built from the runs here when they are empty and ended runs exist (this backfill
 was 0004's; it needs the final keys).
@@ -33,6 +34,9 @@ def upgrade() -> None:
         batch.drop_constraint('pk_agent_outcome_rollup', type_='primary')
         batch.create_primary_key('pk_agent_outcome_rollup', [*KEY, 'shard'])
     _create_hourly()
+    op.create_index('ix_run_event_usage', 'run_event', ['run_id'],
+                    sqlite_where=sa.text("type = 'usage'"),
+                    postgresql_where=sa.text("type = 'usage'"))
     _backfill()
 
 
@@ -85,6 +89,7 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index('ix_run_event_usage', table_name='run_event')
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
     op.drop_table('agent_outcome_rollup_hour')
     # Fold the shards into one row per key first: no ended run may drop out of the counts.
