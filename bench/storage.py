@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
            "| access path | plan | ms | events |", "|---|---|---|---|",
            f"| BRIN | `{brin_plan}` | {brin_ms:,.1f} | {events:,} |",
            f"| no index (sequential scan) | `{scan_plan}` | {scan_ms:,.1f} | {events:,} |", ""]
+    print("\n".join(out), flush=True)
+    out = []
     if args.archive_days is not None:
         log(f"archiving run trees that ended more than {args.archive_days} days ago")
         seconds, runs, archived_events = _archive(url, args.archive_days)
@@ -142,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"run_event after: {after['run_event']['rows']:,} rows, "
                 f"{_mb(after['run_event']['total'])} (the space is reused by new events, "
                 "not returned to the file system).", ""]
-    print("\n".join(out))
+    if out:
+        print("\n".join(out))
     return 0
 
 

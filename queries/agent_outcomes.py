@@ -423,9 +423,12 @@ def outcome_trend(
     """Runs created per bucket (a day by default) and status, oldest first.
 
     Day buckets come from the rollups for whole days and hours (plus the partial-hour edges
-    and live runs, as in ``agent_outcomes``); other bucket widths count ``agent_run`` rows.
+    and live runs, as in ``agent_outcomes``); buckets a whole number of hours wide from the hour
+    rollup the same way; narrower buckets count ``agent_run`` rows.
     """
     if bucket_seconds != DAY:
+        if bucket_seconds % 3600 == 0:
+            return _trend_from_hours(session, window, agent_id, version, bucket_seconds)
         return _trend_by_scan(session, window, agent_id, version, bucket_seconds)
     split = _split(window)
     counts: dict[tuple[int, str], int] = {}
@@ -465,6 +468,59 @@ def outcome_trend(
         for (b, status), n in ordered[-MAX_TREND_ROWS:]
     ]
     return OutcomeTrend(DAY, rows, len(ordered) > MAX_TREND_ROWS)
+
+
+def _trend_from_hours(session: Session, window: TimeWindow, agent_id: str | None,
+                      version: int | None, bucket_seconds: int) -> OutcomeTrend:
+    """Buckets whole hours wide: ended runs of whole hours from the hour rollup (an hour lies in
+    exactly one bucket, as bucket edges are multiples of an hour since the epoch), the partial
+    hours at the window's edges and the runs that have not ended from ``agent_run``."""
+    first = None if window.start is None else _ceil_hour(window.start)
+    last = None if window.end is None else _floor_hour(window.end)
+    counts: dict[tuple[int, str], int] = {}
+
+    def add(bucket: int, status: str, runs: int) -> None:
+        counts[(bucket, status)] = counts.get((bucket, status), 0) + runs
+
+    scans: list[tuple[TimeWindow, Any]] = [(window, AgentRun.status.in_(NON_TERMINAL))]
+    if first is not None and last is not None and first >= last:
+        scans.append((window, AgentRun.status.in_(TERMINAL)))
+    else:
+        where = []
+        if first is not None:
+            where.append(_H.hour >= first)
+            if window.start.astimezone(UTC) < first:
+                scans.append((TimeWindow(window.start, first), AgentRun.status.in_(TERMINAL)))
+        if last is not None:
+            where.append(_H.hour < last)
+            if last < window.end.astimezone(UTC):
+                scans.append((TimeWindow(last, window.end), AgentRun.status.in_(TERMINAL)))
+        if agent_id is not None:
+            where.append(_H.agent_id == agent_id)
+        if version is not None:
+            where.append(_H.agent_version == version)
+        for hour, status, runs in session.execute(
+            select(_H.hour, _H.status, func.sum(_H.runs)).where(*where)
+            .group_by(_H.hour, _H.status)
+        ):
+            epoch = int(hour.timestamp())
+            add(epoch - epoch % bucket_seconds, status, int(runs))
+    for part, status_filter in scans:
+        where = [*_conditions(part, agent_id), status_filter]
+        if version is not None:
+            where.append(AgentRun.agent_version == version)
+        bucket = _dialect.time_bucket(session, AgentRun.created_at, bucket_seconds).label("bucket")
+        for b, status, runs in session.execute(
+            select(bucket, AgentRun.status, func.count()).where(*where)
+            .group_by(bucket, AgentRun.status)
+        ):
+            add(int(b), status, int(runs))
+    ordered = sorted(counts.items())
+    rows = [
+        {"bucket": iso(datetime.fromtimestamp(b, UTC)), "status": status, "count": n}
+        for (b, status), n in ordered[-MAX_TREND_ROWS:]
+    ]
+    return OutcomeTrend(bucket_seconds, rows, len(ordered) > MAX_TREND_ROWS)
 
 
 def _trend_by_scan(session: Session, window: TimeWindow, agent_id: str | None,

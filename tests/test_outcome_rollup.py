@@ -168,3 +168,27 @@ def test_a_window_inside_one_day_and_an_empty_rollup(db):
         after = agent_outcomes(s, TimeWindow(datetime.now(UTC), None))
     assert inside.agents[0].runs == 1 and inside.agents[0].latency_p50 == pytest.approx(4)
     assert before.agents == [] and after.agents == []
+
+
+@pytest.mark.parametrize("width", [3600, 6 * 3600, 7 * 86400])
+def test_hour_wide_trend_buckets_from_the_hour_rollup_equal_a_scan(db, width):
+    from queries.agent_outcomes import _trend_by_scan
+
+    random_lifecycles(db, random.Random(5), 30)
+    windows = [
+        TimeWindow(h.T0 - timedelta(minutes=50), h.T0 + 2 * DAY + timedelta(minutes=17)),
+        TimeWindow(h.T0.replace(minute=0), h.T0 + 3 * DAY),
+        TimeWindow(h.T0 + timedelta(minutes=5), h.T0 + timedelta(minutes=55)),  # inside an hour
+        TimeWindow(h.T0 + DAY, None),
+        TimeWindow(None, h.T0 + DAY + timedelta(minutes=30)),
+    ]
+    counted = 0
+    with db.read() as s:
+        for window in windows:
+            for agent in (None, "alpha"):
+                rolled = outcome_trend(s, window, agent_id=agent, bucket_seconds=width)
+                scanned = _trend_by_scan(s, window, agent, None, width)
+                assert rolled.rows == scanned.rows, (window, agent)
+                assert rolled.bucket_seconds == width
+                counted += sum(r["count"] for r in rolled.rows)
+    assert counted > 30  # the windows hold runs: the comparison is not of empty lists

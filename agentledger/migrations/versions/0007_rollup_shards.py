@@ -11,6 +11,8 @@ Existing rows become shard 0.
 ``agent_outcome_rollup_hour`` holds the same sums per UTC hour, for the partial days at a
 window's edges (which were scanned run by run: up to a whole day of runs), and a partial index
 finds the usage events of the runs still scanned without reading their other events.
+``message.thread_id`` gets the index its foreign key needs when archiving deletes a child run's
+thread (each deletion scanned the message table).
 
 Both are (re)built from the runs here when they are empty and ended runs exist (this backfill
 was 0004's; it needs the final keys).
@@ -37,6 +39,7 @@ def upgrade() -> None:
     op.create_index('ix_run_event_usage', 'run_event', ['run_id'],
                     sqlite_where=sa.text("type = 'usage'"),
                     postgresql_where=sa.text("type = 'usage'"))
+    op.create_index(op.f('ix_message_thread_id'), 'message', ['thread_id'])
     _backfill()
 
 
@@ -89,6 +92,7 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index(op.f('ix_message_thread_id'), table_name='message')
     op.drop_index('ix_run_event_usage', table_name='run_event')
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
     op.drop_table('agent_outcome_rollup_hour')
