@@ -197,6 +197,10 @@ class AgentRun(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The reason of an interrupted run's ``run.interrupted`` event, copied when it is appended:
+    # the interruption reads group thousands of runs by reason, and joining each to its last
+    # event cost ~0.5 s at 1.4M runs. NULL for every other status. Not part of the API's run.
+    end_reason: Mapped[str | None] = mapped_column(String(40))
 
 
 class Message(Base):

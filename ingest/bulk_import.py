@@ -127,7 +127,7 @@ _RUN_COLUMNS = (
     "agent_version", "status", "agent_execution_snapshot", "context_pack_snapshot", "input",
     "user_message_id", "last_event_seq", "last_event_hash", "executor_instance_id",
     "lease_expires_at", "last_heartbeat_at", "idempotency_key_hash", "request_checksum",
-    "final_message_id", "error", "created_at", "started_at", "finished_at",
+    "final_message_id", "error", "created_at", "started_at", "finished_at", "end_reason",
 )
 _JSON_RUN_COLUMNS = ("agent_execution_snapshot", "context_pack_snapshot", "error")
 _MESSAGE_COLUMNS = ("id", "session_id", "thread_id", "owner_id", "role", "content", "run_id",
@@ -241,7 +241,7 @@ class BulkImporter:
         pending: list[tuple[str, dict, datetime]] = [("run.queued", queued, created)]
         status, previous = "queued", created
         started_at = finished_at = executor = lease = None
-        error = None
+        error = end_reason = None
         announced: dict[str, datetime] = {}
         deltas: list[str] = []
         answer: str | None = None
@@ -267,6 +267,8 @@ class BulkImporter:
                 answer = "".join(deltas) if content is None else content
             elif event.type == "run.failed":
                 error = data["error"]
+            elif event.type == "run.interrupted":
+                end_reason = data["reason"]
             status = status_after
             if status in TERMINAL:
                 finished_at = at
@@ -327,6 +329,7 @@ class BulkImporter:
             "final_message_id": final_message_id,
             "error": None if error is None else canonical_json(error),
             "created_at": created, "started_at": started_at, "finished_at": finished_at,
+            "end_reason": end_reason,
         })
         tokens_in, tokens_out, cost = usage_totals(usage)
         batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,

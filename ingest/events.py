@@ -193,6 +193,8 @@ def append_events(
             values["final_message_id"] = final_message_id
         elif item.type == "run.failed":
             values["error"] = item.data["error"]
+        elif item.type == "run.interrupted":
+            values["end_reason"] = item.data["reason"]
 
     seq = run.last_event_seq
     chain = run.last_event_hash

@@ -12,7 +12,8 @@ Existing rows become shard 0.
 window's edges (which were scanned run by run: up to a whole day of runs), and a partial index
 finds the usage events of the runs still scanned without reading their other events.
 ``message.thread_id`` gets the index its foreign key needs when archiving deletes a child run's
-thread (each deletion scanned the message table).
+thread (each deletion scanned the message table). ``agent_run.end_reason`` keeps an interrupted
+run's reason on the run, so the interruption reads need not join each run to its last event.
 
 Both are (re)built from the runs here when they are empty and ended runs exist (this backfill
 was 0004's; it needs the final keys).
@@ -40,6 +41,7 @@ def upgrade() -> None:
                     sqlite_where=sa.text("type = 'usage'"),
                     postgresql_where=sa.text("type = 'usage'"))
     op.create_index(op.f('ix_message_thread_id'), 'message', ['thread_id'])
+    _add_end_reason()
     _backfill()
 
 
@@ -75,6 +77,21 @@ def _create_hourly() -> None:
                     ['hour'])
 
 
+def _add_end_reason() -> None:
+    """``agent_run.end_reason``: an interrupted run's reason, copied from its last event."""
+    op.add_column('agent_run', sa.Column('end_reason', sa.String(length=40), nullable=True))
+    if op.get_bind().dialect.name == 'postgresql':
+        op.execute(sa.text(
+            "UPDATE agent_run SET end_reason = e.data ->> 'reason' FROM run_event e"
+            " WHERE e.run_id = agent_run.id AND e.seq = agent_run.last_event_seq"
+            " AND agent_run.status = 'interrupted'"))
+    else:
+        op.execute(sa.text(
+            "UPDATE agent_run SET end_reason = (SELECT json_extract(e.data, '$.reason')"
+            " FROM run_event e WHERE e.run_id = agent_run.id AND e.seq = agent_run.last_event_seq)"
+            " WHERE status = 'interrupted'"))
+
+
 def _backfill() -> None:
     """Sum the runs that ended before the rollup existed (a no-op on a new database)."""
     from agentledger.schema import AgentRun
@@ -92,6 +109,8 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('agent_run') as batch:
+        batch.drop_column('end_reason')
     op.drop_index(op.f('ix_message_thread_id'), table_name='message')
     op.drop_index('ix_run_event_usage', table_name='run_event')
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
