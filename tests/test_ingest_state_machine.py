@@ -110,7 +110,27 @@ def test_a_terminal_run_never_changes(current):
 
 # --- nothing but ingest/events.py writes agent_run.status ----------------------------------
 
-_RAW_SQL_STATUS_UPDATE = re.compile(r"update\s+\"?agent_run\"?\b.*\bset\b.*\bstatus\s*=", re.I | re.S)
+_RAW_SQL_UPDATE_SET = re.compile(r"update\s+\"?agent_run\"?\s+set\b", re.I)
+_CLAUSE_END = re.compile(r"\b(where|from|returning)\b", re.I)
+
+
+def _raw_sql_sets_status(sql: str) -> bool:
+    """Whether an ``UPDATE agent_run SET …`` assigns status in its SET list (up to the
+    top-level WHERE / FROM / RETURNING; a WHERE that filters on status writes nothing)."""
+    for match in _RAW_SQL_UPDATE_SET.finditer(sql):
+        depth, start = 0, match.end()
+        end = len(sql)
+        for i in range(start, len(sql)):
+            if sql[i] == "(":
+                depth += 1
+            elif sql[i] == ")":
+                depth -= 1
+            elif depth == 0 and _CLAUSE_END.match(sql, i) and (i == 0 or not sql[i - 1].isalnum()):
+                end = i
+                break
+        if re.search(r"(^|[\s,])\"?status\"?\s*=", sql[start:end], re.I):
+            return True
+    return False
 
 
 def _calls_update(node: ast.AST) -> bool:
@@ -167,7 +187,7 @@ def status_writes(source: str) -> list[int]:
             ):
                 found.append(node.lineno)
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if _RAW_SQL_STATUS_UPDATE.search(node.value):
+            if _raw_sql_sets_status(node.value):
                 found.append(node.lineno)
     return found
 
@@ -182,6 +202,7 @@ def test_the_status_detector_finds_status_updates():
         "append_events(s, r, evs, run_values={'status': 'running'})",
         "conn.exec_driver_sql(\"UPDATE agent_run SET status = 'failed' WHERE id = ?\")",
         "values['status'] = 'failed'",
+        "op.execute(\"UPDATE agent_run SET end_reason = NULL, status = 'failed' WHERE id = 1\")",
     ]
     for sample in samples:
         assert status_writes(sample), sample
@@ -190,6 +211,10 @@ def test_the_status_detector_finds_status_updates():
         "session.execute(update(ChatSession).values(title='x'))",
         "select(AgentRun.status).where(AgentRun.status == 'queued')",
         "return {'status': 'ok'}",
+        "op.execute(\"UPDATE agent_run SET end_reason = e.data ->> 'reason' FROM run_event e"
+        " WHERE e.run_id = agent_run.id AND agent_run.status = 'interrupted'\")",
+        "op.execute(\"UPDATE agent_run SET end_reason = (SELECT x FROM run_event e WHERE"
+        " e.seq = 1) WHERE status = 'interrupted'\")",
     ]
     for sample in harmless:
         assert not status_writes(sample), sample
