@@ -45,10 +45,10 @@ def _counter_statement(dialect_name: str, table: Table, keys: tuple[str, ...], c
     )
 
 
-def clock_column(session: Session):
+def clock_column(dialect_name: str):
     """A select-list item that reads the clock in the same round trip as a query (PostgreSQL),
     or NULL (SQLite, whose clock is this process's). Pass its value to ``now(read=…)``."""
-    return func.clock_timestamp() if name(session) == "postgresql" else null()
+    return func.clock_timestamp() if dialect_name == "postgresql" else null()
 
 
 def now(session: Session, *, read: datetime | None = None) -> datetime:

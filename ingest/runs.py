@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, func, insert, null, select, type_coerce
+from sqlalchemy import String, and_, bindparam, func, insert, select, type_coerce
 from sqlalchemy.orm import Session
 
 from agentledger import cacheable_upsert, dialect
@@ -171,7 +171,7 @@ def _lookup_statement(dialect_name: str, *, scoped: bool):
     PostgreSQL) the database clock."""
     chat, run = ChatSession.__table__, AgentRun.__table__
     agent, version = Agent.__table__, AgentVersion.__table__
-    clock = func.clock_timestamp() if dialect_name == "postgresql" else null()  # see dialect.now
+    clock = dialect.clock_column(dialect_name)
     stmt = (
         select(
             chat.c.thread_id, chat.c.agent_id, chat.c.owner_id,
@@ -231,17 +231,17 @@ def post_message(
     unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
     New runs (not replays) count against ``rate_limit_per_minute`` per owner (0: no limit).
     """
+    key_hash = idempotency_key_hash(idempotency_key)
     chat = session.execute(
         _lookup_statement(dialect.name(session), scoped=visible_to is not None),
         {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
-         "key_hash": idempotency_key_hash(idempotency_key)},
+         "key_hash": key_hash},
     ).one_or_none()
     if chat is None:
         raise NotFound(f"session {session_id} does not exist")
     # The run belongs to the conversation's owner, and so does the idempotency key space
     # (an admin posting into a user's session acts within that user's keys).
     owner_id = chat.owner_id
-    key_hash = idempotency_key_hash(idempotency_key)
     if chat.earlier_run_id is not None:
         return _replayed(chat.earlier_run_id, chat.earlier_message_id, chat.earlier_agent_id,
                          chat.earlier_snapshot, chat.earlier_checksum, checksum)

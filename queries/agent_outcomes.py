@@ -452,22 +452,34 @@ def outcome_trend(
             counts[key] = counts.get(key, 0) + int(runs)
     scans = [(edge, AgentRun.status.in_(TERMINAL)) for edge in split.edges]
     scans.append((window, AgentRun.status.in_(NON_TERMINAL)))
+    _count_scanned(session, scans, agent_id, version, DAY, counts)
+    return _trend(counts, DAY)
+
+
+def _count_scanned(session: Session, scans: list[tuple[TimeWindow, Any]], agent_id: str | None,
+                   version: int | None, bucket_seconds: int,
+                   counts: dict[tuple[int, str], int]) -> None:
+    """Add the runs of each (window part, status filter) to ``counts`` per (bucket, status)."""
     for part, status_filter in scans:
         where = [*_conditions(part, agent_id), status_filter]
         if version is not None:
             where.append(AgentRun.agent_version == version)
-        bucket = _dialect.time_bucket(session, AgentRun.created_at, DAY).label("bucket")
+        bucket = _dialect.time_bucket(session, AgentRun.created_at, bucket_seconds).label("bucket")
         for b, status, runs in session.execute(
             select(bucket, AgentRun.status, func.count()).where(*where)
             .group_by(bucket, AgentRun.status)
         ):
             counts[(int(b), status)] = counts.get((int(b), status), 0) + int(runs)
+
+
+def _trend(counts: dict[tuple[int, str], int], bucket_seconds: int) -> OutcomeTrend:
+    """The newest ``MAX_TREND_ROWS`` (bucket, status) counts, oldest first."""
     ordered = sorted(counts.items())
     rows = [
         {"bucket": iso(datetime.fromtimestamp(b, UTC)), "status": status, "count": n}
         for (b, status), n in ordered[-MAX_TREND_ROWS:]
     ]
-    return OutcomeTrend(DAY, rows, len(ordered) > MAX_TREND_ROWS)
+    return OutcomeTrend(bucket_seconds, rows, len(ordered) > MAX_TREND_ROWS)
 
 
 def _trend_from_hours(session: Session, window: TimeWindow, agent_id: str | None,
@@ -505,22 +517,8 @@ def _trend_from_hours(session: Session, window: TimeWindow, agent_id: str | None
         ):
             epoch = int(hour.timestamp())
             add(epoch - epoch % bucket_seconds, status, int(runs))
-    for part, status_filter in scans:
-        where = [*_conditions(part, agent_id), status_filter]
-        if version is not None:
-            where.append(AgentRun.agent_version == version)
-        bucket = _dialect.time_bucket(session, AgentRun.created_at, bucket_seconds).label("bucket")
-        for b, status, runs in session.execute(
-            select(bucket, AgentRun.status, func.count()).where(*where)
-            .group_by(bucket, AgentRun.status)
-        ):
-            add(int(b), status, int(runs))
-    ordered = sorted(counts.items())
-    rows = [
-        {"bucket": iso(datetime.fromtimestamp(b, UTC)), "status": status, "count": n}
-        for (b, status), n in ordered[-MAX_TREND_ROWS:]
-    ]
-    return OutcomeTrend(bucket_seconds, rows, len(ordered) > MAX_TREND_ROWS)
+    _count_scanned(session, scans, agent_id, version, bucket_seconds, counts)
+    return _trend(counts, bucket_seconds)
 
 
 def _trend_by_scan(session: Session, window: TimeWindow, agent_id: str | None,
