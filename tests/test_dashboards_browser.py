@@ -320,7 +320,8 @@ def test_run_tree(browser, served, facts):
 
 def test_timeline(browser, served, facts):
     open_page(browser, served, "/timeline?window=30d&limit=50")
-    text = wait_for_text(browser, "Showing the 50 most recent of")
+    # The caption and the chart are separate outputs: wait for both before reading the page.
+    text = wait_for_text(browser, "Showing the 50 most recent of", "ran → succeeded")
     assert "ran → succeeded" in text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .bars path")) >= 50
     Select(browser.find_element(By.ID, "timeline-status")).select_by_value("interrupted")
