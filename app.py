@@ -7,7 +7,7 @@ http://127.0.0.1:8050. Prints the URL and an admin login link.
 
 import sys
 
-from agentledger.config import Settings
+from agentledger.core.config import Settings
 from agentledger.server import serve
 
 if __name__ == "__main__":

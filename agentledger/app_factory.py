@@ -7,11 +7,11 @@ from datetime import timedelta
 
 from flask import Flask
 
-from agentledger.api.context import AppState
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.notifier import EventNotifier
-from agentledger.security import install_security
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.notifier import EventNotifier
+from agentledger.web.app_state import AppState
+from agentledger.web.security import install_security
 
 
 def create_app(
@@ -43,8 +43,8 @@ def create_app(
     app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier)
 
     from agentledger.api import blueprint
-    from agentledger.api.errors import register_error_handlers
-    from agentledger.web_auth import web_auth
+    from agentledger.web.error_envelope import register_error_handlers
+    from agentledger.web.login import web_auth
 
     app.register_blueprint(blueprint)
     app.register_blueprint(web_auth)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentledger.config import Settings
+from agentledger.core.config import Settings
 
 
 def _database(settings: Settings):
-    from agentledger.database import Database
+    from agentledger.core.database import Database
 
     return Database.from_settings(settings)
 
@@ -33,7 +33,7 @@ def record(*args, **kwargs):
 
 
 def cmd_db_upgrade(args, settings: Settings) -> int:
-    from agentledger.migrate import current_revision, upgrade
+    from agentledger.core.migrate import current_revision, upgrade
 
     upgrade(settings.database_url)
     print(f"database at revision {current_revision(settings.database_url)}")
@@ -41,7 +41,7 @@ def cmd_db_upgrade(args, settings: Settings) -> int:
 
 
 def cmd_token_create(args, settings: Settings) -> int:
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
     from ingest.tokens import create_token
 
     upgrade(settings.database_url)
@@ -76,7 +76,7 @@ def cmd_verify(args, settings: Settings) -> int:
     from queries.chain_verification import verify_chains
 
     if args.archive:
-        from agentledger.retention import verify_archive_command
+        from agentledger.archive import verify_archive_command
 
         return verify_archive_command(settings, args.archive)
 
@@ -101,7 +101,7 @@ def cmd_verify(args, settings: Settings) -> int:
 
 
 def cmd_archive(args, settings: Settings) -> int:
-    from agentledger.retention import archive_command
+    from agentledger.archive import archive_command
 
     return archive_command(settings, older_than_days=args.older_than_days, out=args.out,
                            batch_size=args.batch_size, dry_run=args.dry_run)
@@ -122,7 +122,7 @@ def cmd_worker(args, settings: Settings) -> int:
 
 
 def cmd_reconcile(args, settings: Settings) -> int:
-    from agentledger.reconciler import run_reconciler
+    from agentledger.worker.reconciler_loop import run_reconciler
 
     return run_reconciler(settings, once=args.once)
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a CLI prints a sentence, not a traceback
-        from agentledger.errors import LedgerError
+        from agentledger.core.errors import LedgerError
 
         if isinstance(exc, LedgerError):
             print(f"agentledger: {exc.message}", file=sys.stderr)

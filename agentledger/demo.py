@@ -17,8 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from tqdm import tqdm
 
-from agentledger.config import Settings
-from agentledger.database import Database
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.errors import Conflict
+from agentledger.core.schema import AgentVersion
 from agentledger.demo_history import (
     AGENTS,
     CONTEXT_DOCS,
@@ -34,8 +36,6 @@ from agentledger.demo_history import (
 from agentledger.demo_history import (
     outcome as pick_outcome,
 )
-from agentledger.errors import Conflict
-from agentledger.schema import AgentVersion
 from ingest.agents import add_agent_version, register_agent
 from ingest.bulk_import import ImportReport, bulk_import
 from ingest.cancel import request_cancel
@@ -287,7 +287,7 @@ def _orphan_tree(replayer: _Replayer, run_id: str, topic: str) -> None:
 
 def seed_command(settings: Settings, *, runs: int, days: int, seed: int | None) -> int:
     """``agentledger demo seed``."""
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
 
     upgrade(settings.database_url)
     if runs > BULK_THRESHOLD:

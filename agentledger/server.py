@@ -16,8 +16,8 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
-from agentledger.config import Settings
-from agentledger.gc_tuning import tune_for_long_running_process
+from agentledger.core.config import Settings
+from agentledger.process_tuning import tune_for_long_running_process
 
 log = logging.getLogger("agentledger.server")
 
@@ -25,8 +25,8 @@ log = logging.getLogger("agentledger.server")
 def _is_empty(settings: Settings) -> bool:
     from sqlalchemy import func, select
 
-    from agentledger.database import Database
-    from agentledger.schema import AgentRun
+    from agentledger.core.database import Database
+    from agentledger.core.schema import AgentRun
 
     db = Database.from_settings(settings)
     try:
@@ -37,7 +37,7 @@ def _is_empty(settings: Settings) -> bool:
 
 
 def _admin_login_link(settings: Settings, base_url: str) -> str:
-    from agentledger.database import Database
+    from agentledger.core.database import Database
     from ingest.admin_log import Actor, record
     from ingest.tokens import create_token
 
@@ -84,8 +84,8 @@ class _Gunicorn(BaseApplication):
         tune_for_long_running_process()
         if not self.run_worker:
             return
-        from agentledger.reconciler import ReconcilerThread
         from agentledger.worker.executor import Executor
+        from agentledger.worker.reconciler_loop import ReconcilerThread
 
         state = worker.wsgi.extensions["agentledger"]
         slot = getattr(worker, "agentledger_slot", 0)
@@ -108,7 +108,7 @@ class _Gunicorn(BaseApplication):
 
 def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, demo: bool = False,
           workers: int = 1, threads: int = 128, concurrency: int = 4) -> int:
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if workers < 1 or threads < 1:

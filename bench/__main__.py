@@ -12,8 +12,8 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agentledger.database import Database, normalize_url
-from agentledger.migrate import upgrade
+from agentledger.core.database import Database, normalize_url
+from agentledger.core.migrate import upgrade
 from bench import dashboards, dataset, http_load, peer_langgraph, reads, report, sse
 from bench.common import (
     Row,

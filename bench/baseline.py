@@ -23,8 +23,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from agentledger.hashing import GENESIS_HASH, event_hash
-from agentledger.ids import new_id
+from agentledger.core.hashing import GENESIS_HASH, event_hash
+from agentledger.core.ids import new_id
 
 # ---- writes ----------------------------------------------------------------------------------
 

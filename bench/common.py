@@ -23,7 +23,7 @@ from typing import Any
 import requests
 from sqlalchemy.engine import make_url
 
-from agentledger.database import Database, normalize_url
+from agentledger.core.database import Database, normalize_url
 
 BENCH_AGENT = "bench-echo"
 BENCH_EXECUTOR = "bench-executor"
@@ -169,7 +169,7 @@ def drop_pg_database(url: str) -> None:
 
 
 def ensure_bench_agent(db: Database) -> None:
-    from agentledger.errors import Conflict
+    from agentledger.core.errors import Conflict
     from ingest.agents import AgentDefinition, register_agent
 
     with db.write() as s:
@@ -217,7 +217,7 @@ def running_runs(db: Database, count: int, *, owner: str, executor: str,
 
 def complete_runs(db: Database, run_ids: list[str], executor: str) -> None:
     """End the bench's leftover running runs ``succeeded`` (keeps the data set consistent)."""
-    from agentledger.errors import LedgerError
+    from agentledger.core.errors import LedgerError
     from ingest.events import append_events
 
     for run_id in run_ids:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from agentledger.config import Settings
-from agentledger.database import Database, normalize_url
-from agentledger.migrate import upgrade
+from agentledger.core.config import Settings
+from agentledger.core.database import Database, normalize_url
+from agentledger.core.migrate import upgrade
 from bench.common import create_pg_database, is_postgres, log
 
 TABLES = ("agent_run", "message", "run_event", "chat_session", "conversation_thread")
@@ -69,7 +69,7 @@ def prepare(url: str, *, reload: bool) -> None:
     if is_postgres(url):
         create_pg_database(url, drop=reload)
     else:
-        from agentledger.config import sqlite_path
+        from agentledger.core.config import sqlite_path
 
         path = sqlite_path(normalize_url(url))
         if reload and path is not None:

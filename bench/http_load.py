@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from bench import baseline
 from bench.common import (
     BENCH_AGENT,
@@ -118,7 +118,7 @@ def run_creation(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Ro
         log(f"run creation: {CLIENTS} raw psycopg clients")
         from sqlalchemy import select
 
-        from agentledger.schema import ChatSession
+        from agentledger.core.schema import ChatSession
         from ingest.runs import agent_snapshot
 
         creators = []

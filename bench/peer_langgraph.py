@@ -27,7 +27,7 @@ from pathlib import Path
 
 import requests
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from bench.common import (
     BENCH_AGENT,
     Row,
@@ -262,7 +262,7 @@ def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False,
 def _ledger(url: str, workdir: Path, sizes: Sizes, workers: int) -> dict:
     """agentledger (``serve`` with its in-process executor, ``workers`` gunicorn processes)
     on a fresh database beside the bench's."""
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
 
     if is_postgres(url):
         from sqlalchemy.engine import make_url

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from bench import baseline
 from bench.common import Row, Sizes, latency_ms, latency_ratio, libpq, log, timed
 from queries.agent_outcomes import agent_outcomes

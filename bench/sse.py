@@ -17,7 +17,7 @@ import json
 import threading
 import time
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from bench.common import Row, Sizes, complete_runs, latency_ms, log, running_runs
 
 EXECUTOR = "bench-sse"
@@ -60,7 +60,7 @@ def measure(db: Database, port: int, viewer_token: str, label: str, sizes: Sizes
     with db.read() as s:
         from sqlalchemy import select
 
-        from agentledger.schema import AgentRun
+        from agentledger.core.schema import AgentRun
 
         heads = dict(s.execute(select(AgentRun.id, AgentRun.last_event_seq)
                                .where(AgentRun.id.in_(run_ids))).all())

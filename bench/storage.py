@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psycopg
 
-from agentledger.database import normalize_url
+from agentledger.core.database import normalize_url
 from bench.common import libpq, log
 
 TABLES = ("run_event", "agent_run", "message")
@@ -74,8 +74,8 @@ def _window_read(conn: psycopg.Connection, *, brin: bool, repeats: int = 5) -> t
 
 
 def _archive(url: str, days: float) -> tuple[float, int, int]:
-    from agentledger.config import Settings
-    from agentledger.retention import archive_command
+    from agentledger.archive import archive_command
+    from agentledger.core.config import Settings
 
     with psycopg.connect(libpq(url)) as conn:
         runs_before = conn.execute("SELECT count(*) FROM agent_run").fetchone()[0]

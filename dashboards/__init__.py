@@ -1,6 +1,6 @@
 """The dashboards of CONTRACT §6: a Dash multi-page app mounted on the agentledger Flask server.
 
-``mount_dashboards(server)`` installs the login guard (``dashboards.access``) for every non-API
+``mount_dashboards(server)`` installs the login guard (``agentledger.web.access``) for every non-API
 path, creates the Dash app on the same server (pages under ``dashboards/pages``, one theme,
 debug tools off) and registers the pages' callbacks. Pages hold layout and callbacks only: they
 parse inputs, call ``queries``, and hand plain data to ``dashboards.figures``. Nothing here
@@ -18,8 +18,9 @@ import dash_bootstrap_components as dbc
 from dash import Dash, html
 from flask import Flask, has_request_context
 
-from agentledger.api.auth import current_principal
-from dashboards import access, registry
+from agentledger.web import access
+from agentledger.web.principal import current_principal
+from dashboards import page_registry as registry
 from dashboards.components import navbar
 
 ASSETS = Path(__file__).parent / "assets"

@@ -9,13 +9,13 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.hashing import storable_json
-from agentledger.ids import new_id
-from agentledger.schema import AdminAction
+from agentledger.core import dialect
+from agentledger.core.hashing import storable_json
+from agentledger.core.ids import new_id
+from agentledger.core.schema import AdminAction
+from agentledger.core.vocabulary import ADMIN_ACTIONS
 
-ACTIONS = ("token.created", "token.revoked", "agent.registered", "agent.versioned",
-           "run.cancel_requested", "session.deleted")
+ACTIONS = ADMIN_ACTIONS
 
 
 @dataclass(frozen=True)

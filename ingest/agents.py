@@ -9,10 +9,10 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.errors import Conflict, NotFound
-from agentledger.hashing import canonical_json, sha256_hex, storable_json
-from agentledger.schema import Agent, AgentVersion
+from agentledger.core import dialect
+from agentledger.core.errors import Conflict, NotFound
+from agentledger.core.hashing import canonical_json, sha256_hex, storable_json
+from agentledger.core.schema import Agent, AgentVersion
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,12 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.database import Database
-from agentledger.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
-from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
-from agentledger.ids import new_id
-from agentledger.schema import (
-    TERMINAL,
+from agentledger.core import dialect
+from agentledger.core.database import Database
+from agentledger.core.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
+from agentledger.core.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
+from agentledger.core.ids import new_id
+from agentledger.core.schema import (
     AgentRun,
     AgentVersion,
     ChatSession,
@@ -47,6 +46,7 @@ from agentledger.schema import (
     Message,
     RunEvent,
 )
+from agentledger.core.vocabulary import TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RollupBatch, RunOutcome, usage_totals
 from ingest.runs import (

@@ -5,8 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.errors import NotFound, RunTerminal
-from agentledger.schema import TERMINAL, AgentRun
+from agentledger.core.errors import NotFound, RunTerminal
+from agentledger.core.schema import AgentRun
+from agentledger.core.vocabulary import TERMINAL
 from ingest.events import append_events, lock_run_and_parent
 
 

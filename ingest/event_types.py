@@ -6,10 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentledger.errors import ValidationFailed
-from agentledger.hashing import storable_json
-
-INTERRUPT_REASONS = ("lease_expired", "parent_terminal", "service_restart", "executor_shutdown")
+from agentledger.core.errors import ValidationFailed
+from agentledger.core.hashing import storable_json
+from agentledger.core.vocabulary import InterruptReason
 
 
 class _Data(BaseModel):
@@ -50,7 +49,7 @@ class RunCancelled(_Data):
 
 
 class RunInterrupted(_Data):
-    reason: Literal[INTERRUPT_REASONS]  # type: ignore[valid-type]
+    reason: InterruptReason
 
 
 class RunCompleted(_Data):

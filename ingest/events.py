@@ -17,11 +17,12 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.errors import IllegalTransition, LeaseLost, NotFound
-from agentledger.hashing import canonical_json, event_hash_of_json
-from agentledger.ids import new_id
-from agentledger.schema import ACTIVE, TERMINAL, AgentRun, Message, RunEvent
+from agentledger.core import dialect
+from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
+from agentledger.core.hashing import canonical_json, event_hash_of_json
+from agentledger.core.ids import new_id
+from agentledger.core.schema import AgentRun, Message, RunEvent
+from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
 from ingest.state_machine import next_status

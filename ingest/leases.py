@@ -14,9 +14,10 @@ from typing import Any
 from sqlalchemy import and_, exists, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
-from agentledger import dialect
-from agentledger.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
-from agentledger.schema import ACTIVE, AgentRun, ContextBlob
+from agentledger.core import dialect
+from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
+from agentledger.core.schema import AgentRun, ContextBlob
+from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, lease_deadline
 
 MIN_LEASE_SECONDS = 1

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.errors import RateLimited
-from agentledger.schema import RateLimitWindow
+from agentledger.core import dialect
+from agentledger.core.errors import RateLimited
+from agentledger.core.schema import RateLimitWindow
 
 WINDOW = timedelta(minutes=1)
 

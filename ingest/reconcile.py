@@ -10,8 +10,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from agentledger import dialect
-from agentledger.schema import ACTIVE, NON_TERMINAL, TERMINAL, AgentRun
+from agentledger.core import dialect
+from agentledger.core.schema import AgentRun
+from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, TERMINAL
 from ingest.events import append_events, lock_run_and_parent
 
 

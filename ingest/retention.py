@@ -17,10 +17,8 @@ from typing import Any
 from sqlalchemy import delete, exists, insert, select
 from sqlalchemy.orm import Session, aliased
 
-from agentledger import dialect
-from agentledger.schema import (
-    NON_TERMINAL,
-    TERMINAL,
+from agentledger.core import dialect
+from agentledger.core.schema import (
     AgentRun,
     ArchivedRun,
     ChatSession,
@@ -28,6 +26,7 @@ from agentledger.schema import (
     Message,
     RunEvent,
 )
+from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -19,15 +19,10 @@ from datetime import UTC, date, datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
-from agentledger.schema import (
-    TERMINAL,
-    AgentOutcomeRollup,
-    AgentOutcomeRollupHour,
-    AgentRun,
-    RunEvent,
-)
+from agentledger.core import dialect
+from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
+from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
+from agentledger.core.vocabulary import TERMINAL
 
 ROLLUP = AgentOutcomeRollup.__table__
 ROLLUP_HOUR = AgentOutcomeRollupHour.__table__

@@ -14,12 +14,17 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, func, insert, select, type_coerce
 from sqlalchemy.orm import Session
 
-from agentledger import cacheable_upsert, dialect
-from agentledger.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
-from agentledger.hashing import GENESIS_HASH, canonical_json, event_hash, sha256_hex, storable_json
-from agentledger.ids import new_id
-from agentledger.schema import (
-    ACTIVE,
+from agentledger.core import cacheable_upsert, dialect
+from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
+from agentledger.core.hashing import (
+    GENESIS_HASH,
+    canonical_json,
+    event_hash,
+    sha256_hex,
+    storable_json,
+)
+from agentledger.core.ids import new_id
+from agentledger.core.schema import (
     Agent,
     AgentRun,
     AgentVersion,
@@ -29,6 +34,7 @@ from agentledger.schema import (
     RunEvent,
     UTCDateTime,
 )
+from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, check_lease, lock_run
 from ingest.rate_limits import take_run_slot
 from ingest.sessions import create_thread

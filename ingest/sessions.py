@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.errors import NotFound, UnknownAgent
-from agentledger.ids import new_id
-from agentledger.schema import Agent, ChatSession, ConversationThread
+from agentledger.core import dialect
+from agentledger.core.errors import NotFound, UnknownAgent
+from agentledger.core.ids import new_id
+from agentledger.core.schema import Agent, ChatSession, ConversationThread
 
 _UNSET = object()
 

@@ -7,8 +7,8 @@ a given status, and what status the run has afterwards.
 
 from __future__ import annotations
 
-from agentledger.errors import CancelRequested, IllegalTransition, RunTerminal
-from agentledger.schema import ACTIVE, NON_TERMINAL, TERMINAL
+from agentledger.core.errors import CancelRequested, IllegalTransition, RunTerminal
+from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, TERMINAL
 
 TRANSITIONS: dict[tuple[str, str], str] = {
     ("queued", "running"): "run.started",
@@ -36,8 +36,6 @@ STATUSES = (*NON_TERMINAL, *TERMINAL)
 assert set(ACTIVE) <= set(NON_TERMINAL)
 
 
-def is_terminal(status: str) -> bool:
-    return status in TERMINAL
 
 
 def next_status(current: str, event_type: str) -> str:

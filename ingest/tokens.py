@@ -7,18 +7,14 @@ import secrets
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
-from agentledger import dialect
-from agentledger.errors import NotFound, ValidationFailed
-from agentledger.hashing import sha256_hex
-from agentledger.ids import new_id
-from agentledger.schema import ApiToken
+from agentledger.core import dialect
+from agentledger.core.errors import NotFound, ValidationFailed
+from agentledger.core.hashing import token_hash
+from agentledger.core.ids import new_id
+from agentledger.core.schema import ApiToken
+from agentledger.core.vocabulary import ROLES
 
-ROLES = ("user", "viewer", "executor", "admin")
 TOKEN_PREFIX = "al_"
-
-
-def token_hash(token: str) -> str:
-    return sha256_hex("api-token\n" + token)
 
 
 def create_token(session: Session, *, owner_id: str, role: str) -> tuple[str, str]:

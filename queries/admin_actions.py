@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AdminAction
+from agentledger.core.schema import AdminAction
 from queries.common import (
     DEFAULT_LIMIT,
     Page,

@@ -19,16 +19,15 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from agentledger.outcome_histogram import (
+from agentledger.core import read_sql as _dialect
+from agentledger.core.outcome_histogram import (
     BUCKETS,
     LATENCY_COLUMNS,
     WAIT_COLUMNS,
     bucket_of,
     estimate_percentiles,
 )
-from agentledger.schema import (
-    NON_TERMINAL,
-    TERMINAL,
+from agentledger.core.schema import (
     Agent,
     AgentOutcomeRollup,
     AgentOutcomeRollupHour,
@@ -36,7 +35,7 @@ from agentledger.schema import (
     AgentVersion,
     RunEvent,
 )
-from queries import _dialect
+from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
 from queries.common import TimeWindow, iso
 
 DAY = 86400

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import Agent, AgentVersion
+from agentledger.core.schema import Agent, AgentVersion
 from queries.common import DEFAULT_LIMIT, Page, decode_cursor, encode_cursor, iso
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.hashing import GENESIS_HASH, event_hash
-from agentledger.schema import AgentRun, RunEvent
+from agentledger.core.hashing import GENESIS_HASH, event_hash
+from agentledger.core.schema import AgentRun, RunEvent
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import and_, exists, literal, select, tuple_
 from sqlalchemy.orm import aliased
 
-from agentledger.errors import InvalidRequest
-from agentledger.schema import AgentRun, ChatSession
+from agentledger.core.errors import InvalidRequest
+from agentledger.core.schema import AgentRun, ChatSession
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500

@@ -15,8 +15,9 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
-from agentledger.schema import AgentRun, RunEvent
-from queries import _dialect
+from agentledger.core import read_sql as _dialect
+from agentledger.core.schema import AgentRun, RunEvent
+from agentledger.core.vocabulary import INTERRUPT_REASONS
 from queries.common import (
     DEFAULT_LIMIT,
     Page,
@@ -26,7 +27,7 @@ from queries.common import (
     keyset_page,
 )
 
-REASONS = ("lease_expired", "parent_terminal", "service_restart", "executor_shutdown")
+REASONS = INTERRUPT_REASONS
 DAY = 86400
 MAX_TREND_ROWS = 5000
 

@@ -2,7 +2,7 @@
 each live lease have left, which runs are at risk (lease ending within N seconds), and how far
 behind is the reconciler (now − the oldest lease that expired but whose run is still active)?
 
-Every comparison uses the database clock (``agentledger.dialect.now``), the same clock the
+Every comparison uses the database clock (``agentledger.core.dialect.now``), the same clock the
 writers stamp leases with, never this process's. Active runs are read through the partial
 index on live leases; executors seen lately also through the runs that ended lately.
 """
@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy import case, func, select, union_all
 from sqlalchemy.orm import Session
 
-from agentledger.schema import ACTIVE, TERMINAL, AgentRun
-from queries import _dialect
+from agentledger.core import read_sql as _dialect
+from agentledger.core.schema import AgentRun
+from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from queries.common import clamp_limit, iso
 
 DEFAULT_SEEN_MINUTES = 15

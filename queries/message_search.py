@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun, Message
-from queries import _dialect
+from agentledger.core import read_sql as _dialect
+from agentledger.core.schema import AgentRun, Message
 from queries.common import (
     DEFAULT_LIMIT,
     Page,

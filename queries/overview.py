@@ -14,8 +14,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import NON_TERMINAL, AgentRun
-from queries import _dialect
+from agentledger.core import read_sql as _dialect
+from agentledger.core.schema import AgentRun
+from agentledger.core.vocabulary import NON_TERMINAL
 from queries.agent_outcomes import outcome_trend
 from queries.common import TimeWindow, clamp_limit, iso
 from queries.interrupted_runs import InterruptedFilters, interrupted_runs

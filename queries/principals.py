@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import ApiToken
+from agentledger.core.schema import ApiToken
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun, AgentVersion, ChatSession, Message
+from agentledger.core.schema import AgentRun, AgentVersion, ChatSession, Message
 from queries.agents_catalog import version_dict
 from queries.common import DEFAULT_LIMIT, Page, iso, run_summary, run_visible_to
 from queries.message_search import MessageSearch, search_messages

@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import TERMINAL, AgentRun, RunEvent
+from agentledger.core.schema import AgentRun, RunEvent
+from agentledger.core.vocabulary import TERMINAL
 from queries.common import iso, run_visible_to
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun
+from agentledger.core.schema import AgentRun
 from queries.common import iso, run_visible_to
 
 

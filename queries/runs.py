@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun
+from agentledger.core.schema import AgentRun
 from queries.common import (
     DEFAULT_LIMIT,
     Page,

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun, ChatSession, Message
+from agentledger.core.schema import AgentRun, ChatSession, Message
 from queries.common import (
     DEFAULT_LIMIT,
     Page,

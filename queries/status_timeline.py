@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agentledger.schema import AgentRun
-from queries import _dialect
+from agentledger.core import read_sql as _dialect
+from agentledger.core.schema import AgentRun
 from queries.common import TimeWindow, clamp_limit, iso
 
 DEFAULT_TIMELINE_LIMIT = 300

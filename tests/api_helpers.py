@@ -31,8 +31,8 @@ from typing import Any
 import requests
 from sqlalchemy import func, select
 
-from agentledger.database import Database
-from agentledger.schema import (
+from agentledger.core.database import Database
+from agentledger.core.schema import (
     AgentRun,
     ChatSession,
     ContextBlob,
@@ -636,7 +636,7 @@ class FlaskApi:
         from factories import make_agent
 
         from agentledger.app_factory import create_app
-        from agentledger.config import Settings
+        from agentledger.core.config import Settings
 
         self.db = db
         self.settings = Settings(database_url=database_url, secret_key="api-tests-secret",

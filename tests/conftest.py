@@ -19,8 +19,8 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from agentledger.database import Database, normalize_url
-from agentledger.migrate import upgrade
+from agentledger.core.database import Database, normalize_url
+from agentledger.core.migrate import upgrade
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 TABLES = (

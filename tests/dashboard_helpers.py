@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentledger.config import Settings
-from agentledger.database import Database
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
 from ingest.tokens import create_token
 
 ROLES = ("viewer", "admin", "user", "executor")

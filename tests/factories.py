@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from ingest.agents import AgentDefinition, add_agent_version, register_agent
 from ingest.leases import claim_runs
 from ingest.runs import ContextItem, PostedMessage, post_message, request_checksum

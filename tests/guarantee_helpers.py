@@ -11,7 +11,7 @@ import random
 
 from factories import make_session, post
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from ingest.events import append_events
 from ingest.leases import claim_run
 

@@ -19,8 +19,8 @@ from typing import Any
 import requests
 from sqlalchemy import func, select
 
-from agentledger.database import Database
-from agentledger.schema import AgentRun, RunEvent
+from agentledger.core.database import Database
+from agentledger.core.schema import AgentRun, RunEvent
 
 SEED = int(os.environ.get("GUARANTEE_SEED") or random.SystemRandom().randrange(2**32))
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")

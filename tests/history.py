@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from ingest.agents import AgentDefinition, add_agent_version, register_agent
 from ingest.cancel import request_cancel
 from ingest.events import append_events

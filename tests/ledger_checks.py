@@ -13,8 +13,8 @@ import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from agentledger.database import Database, normalize_url
-from agentledger.schema import AgentRun, ChatSession, ContextBlob, Message, RunEvent
+from agentledger.core.database import Database, normalize_url
+from agentledger.core.schema import AgentRun, ChatSession, ContextBlob, Message, RunEvent
 from queries.chain_verification import verify_chains
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

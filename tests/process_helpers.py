@@ -37,9 +37,9 @@ from typing import Any
 import requests
 from sqlalchemy import select
 
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.schema import AgentRun, Message, RunEvent
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.worker.executor import Executor
 
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")

@@ -6,14 +6,9 @@ from datetime import UTC
 
 from sqlalchemy import select
 
-from agentledger.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
-from agentledger.schema import (
-    TERMINAL,
-    AgentOutcomeRollup,
-    AgentOutcomeRollupHour,
-    AgentRun,
-    RunEvent,
-)
+from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
+from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
+from agentledger.core.vocabulary import TERMINAL
 
 
 def _empty() -> dict:

@@ -14,7 +14,7 @@ from dashboard_helpers import call, logged_in, make_app, tokens
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from agentledger.schema import AdminAction
+from agentledger.core.schema import AdminAction
 
 
 @pytest.fixture

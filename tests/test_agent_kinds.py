@@ -30,7 +30,7 @@ from process_helpers import (
 from agentledger import agent_kinds
 from agentledger.agent_kinds import AgentFailed, RunContext, available_kinds, kind_for
 from agentledger.app_factory import create_app
-from agentledger.config import Settings
+from agentledger.core.config import Settings
 from ingest.cancel import request_cancel
 from ingest.tokens import create_token
 
@@ -66,7 +66,7 @@ def _ctx(steps=None, *, kind="scripted", input="the refund policy") -> tuple[Run
     port = RecordingPort()
     snapshot = {"agent_id": "a", "name": "A", "version": 1, "kind": kind,
                 "params": {"steps": steps} if steps is not None else {}}
-    ctx = RunContext(run_id="run_x", input=input, agent_execution_snapshot=snapshot,
+    ctx = RunContext(run_id="run_x", thread_id="thr_x", input=input, agent_execution_snapshot=snapshot,
                      context_pack_snapshot={"items": []}, context=[], port=port)
     return ctx, port
 

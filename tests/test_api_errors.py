@@ -117,8 +117,8 @@ def test_a_revoked_token_is_401(api, db):
     assert reply.status == 200
     from sqlalchemy import select
 
-    from agentledger.schema import ApiToken
-    from ingest.tokens import token_hash
+    from agentledger.core.hashing import token_hash
+    from agentledger.core.schema import ApiToken
 
     with db.read() as s:
         token_id = s.execute(

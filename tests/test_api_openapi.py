@@ -19,7 +19,7 @@ from api_helpers import (
     unique,
 )
 
-from agentledger.api import schemas
+from agentledger.api import responses
 
 HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
 
@@ -216,7 +216,7 @@ def test_real_responses_fit_the_pydantic_response_models(api):
     for method, path, reply in http.seen:
         rule, _ = adapter.match(path.split("?")[0], method=method, return_rule=True)
         if reply.status >= 400:
-            schemas.ErrorResponse.model_validate_json(reply.body)
+            responses.ErrorResponse.model_validate_json(reply.body)
             checked += 1
             continue
         model = models[(method, rule.rule)].get(reply.status)

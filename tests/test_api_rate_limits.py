@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from api_helpers import FlaskApi, assert_error, ledger_state, open_session, send
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 from ingest.rate_limits import prune_windows
 
 

@@ -37,9 +37,9 @@ from api_helpers import (
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.schema import AgentRun, Message, RunEvent
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.schema import AgentRun, Message, RunEvent
 from ingest.events import append_events
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from agentledger.database import normalize_url
+from agentledger.core.database import normalize_url
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -15,9 +15,8 @@ from rollup_checks import assert_rollup_matches_scan
 from sqlalchemy import func, select
 
 from agentledger import demo
-from agentledger.config import Settings
-from agentledger.demo_history import synthetic_history
-from agentledger.errors import (
+from agentledger.core.config import Settings
+from agentledger.core.errors import (
     CancelRequested,
     IllegalTransition,
     LedgerError,
@@ -25,8 +24,9 @@ from agentledger.errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from agentledger.hashing import GENESIS_HASH, event_hash
-from agentledger.schema import AgentRun, ChatSession, Message, RunEvent
+from agentledger.core.hashing import GENESIS_HASH, event_hash
+from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
+from agentledger.demo_history import synthetic_history
 from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import, iter_runs
 from ingest.runs import ContextItem
 from queries.chain_verification import verify_chains

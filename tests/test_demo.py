@@ -13,9 +13,9 @@ import pytest
 from process_helpers import TERMINAL
 from sqlalchemy import func, select
 
-from agentledger.config import Settings
+from agentledger.core.config import Settings
+from agentledger.core.schema import Agent, AgentRun, AgentVersion, ChatSession, Message, RunEvent
 from agentledger.demo import seed
-from agentledger.schema import Agent, AgentRun, AgentVersion, ChatSession, Message, RunEvent
 from queries.chain_verification import verify_chains
 
 INTERRUPT_REASONS = {"lease_expired", "parent_terminal", "service_restart", "executor_shutdown"}
@@ -118,7 +118,7 @@ def test_seed_is_repeatable_for_a_seed(tmp_path, sqlite_template):
         shutil.copy(sqlite_template, path)
         settings = Settings(database_url=f"sqlite:///{path}")
         seed(settings, runs=20, seed=11, now=now)
-        from agentledger.database import Database
+        from agentledger.core.database import Database
 
         db = Database(settings.database_url)
         try:

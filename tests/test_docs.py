@@ -44,7 +44,7 @@ def test_every_cli_option_is_documented():
 
 
 def test_every_setting_is_documented():
-    source = (Path(__file__).parent.parent / "agentledger" / "config.py").read_text()
+    source = (Path(__file__).parent.parent / "agentledger" / "core" / "config.py").read_text()
     variables = set(re.findall(r"AGENTLEDGER_[A-Z_]+", source))
     assert variables, "no settings found"
     missing = sorted(v for v in variables if f"`{v}`" not in README)

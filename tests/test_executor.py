@@ -29,10 +29,10 @@ from sqlalchemy import select
 
 from agentledger.agent_kinds import AgentFailed, available_kinds
 from agentledger.app_factory import create_app
-from agentledger.config import Settings
-from agentledger.reconciler import reconcile_once
-from agentledger.schema import Message
+from agentledger.core.config import Settings
+from agentledger.core.schema import Message
 from agentledger.worker.executor import Executor
+from agentledger.worker.reconciler_loop import reconcile_once
 from ingest.cancel import request_cancel
 from ingest.reconcile import interrupt_executor_runs
 from ingest.tokens import create_token

@@ -38,9 +38,9 @@ from dashboard_helpers import csrf_headers, dash_request, logged_in
 from factories import make_agent, make_session
 from sqlalchemy import select
 
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.schema import AgentRun, ChatSession, Message, RunEvent
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
 
 IDENTITIES = {
     "anonymous": None,

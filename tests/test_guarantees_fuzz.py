@@ -26,8 +26,8 @@ from factories import make_agent
 from guarantee_helpers import seed_runs, seeded_random, soak
 from sqlalchemy import text
 
-from agentledger.config import Settings
-from agentledger.database import Database
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
 
 # ---- fuzzing ----------------------------------------------------------------------------------
 

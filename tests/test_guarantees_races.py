@@ -61,9 +61,9 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import make_url
 
-from agentledger import dialect
-from agentledger.errors import CancelRequested, IllegalTransition, LeaseLost, RunTerminal
-from agentledger.schema import AgentRun, RunEvent
+from agentledger.core import dialect
+from agentledger.core.errors import CancelRequested, IllegalTransition, LeaseLost, RunTerminal
+from agentledger.core.schema import AgentRun, RunEvent
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.leases import claim_runs

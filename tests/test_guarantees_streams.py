@@ -30,7 +30,7 @@ from guarantee_helpers import event_batch, seed_runs, seeded_random, soak
 
 from agentledger.api.stream import RETRY_MS
 from agentledger.api.stream import frame as encode_frame
-from agentledger.database import Database
+from agentledger.core.database import Database
 from ingest.event_types import DATA_MODELS
 from ingest.events import append_events
 from queries.run_events import events_page
@@ -136,7 +136,7 @@ def test_reconnects_at_random_byte_offsets_reassemble_the_stored_stream(served):
     live_runs = seed_runs(db, rng, runs=LIVE, events_per_run=EVENTS // 2 + 2, finish=False)
     instance = None
     with db.read() as s:
-        from agentledger.schema import AgentRun
+        from agentledger.core.schema import AgentRun
 
         instance = s.get(AgentRun, live_runs[0]).executor_instance_id
 
@@ -237,7 +237,7 @@ def test_browser_event_source_reaches_closed_after_the_terminal_event(served):
     db, server, tokens = served
     rng = seeded_random(f"streams-browser-{db.dialect}")
     [run_id] = seed_runs(db, rng, runs=1, events_per_run=50, finish=False)
-    from agentledger.schema import AgentRun
+    from agentledger.core.schema import AgentRun
 
     with db.read() as s:
         instance = s.get(AgentRun, run_id).executor_instance_id

@@ -19,7 +19,7 @@ import pytest
 import requests
 from api_helpers import RequestsHttp, ServerProcess, append, claim_run, make_tokens, unique
 
-from agentledger.database import Database
+from agentledger.core.database import Database
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

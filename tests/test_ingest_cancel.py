@@ -6,7 +6,7 @@ import pytest
 from factories import claim, make_agent, make_session, post
 from ledger_checks import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
 
-from agentledger.errors import NotFound, RunTerminal
+from agentledger.core.errors import NotFound, RunTerminal
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.runs import create_child_run

@@ -20,8 +20,8 @@ from ledger_checks import (
 )
 from sqlalchemy import func, select
 
-from agentledger.errors import CancelRequested, LedgerError, RunTerminal
-from agentledger.schema import RunEvent
+from agentledger.core.errors import CancelRequested, LedgerError, RunTerminal
+from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.leases import claim_runs
@@ -155,7 +155,7 @@ def test_claims_skip_locked_rows_on_postgres(pg_db):
 
 def _rows(db, run_id):
     with db.read() as s:
-        from agentledger.schema import AgentRun
+        from agentledger.core.schema import AgentRun
         run = s.get(AgentRun, run_id)
         stamps = s.execute(
             select(RunEvent.created_at).where(RunEvent.run_id == run_id).order_by(RunEvent.seq)

@@ -18,7 +18,7 @@ from ledger_checks import (
     snapshot_state,
 )
 
-from agentledger.errors import (
+from agentledger.core.errors import (
     CancelRequested,
     IllegalTransition,
     LeaseLost,

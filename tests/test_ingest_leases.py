@@ -9,7 +9,7 @@ import pytest
 from factories import claim, make_agent, make_session, post
 from ledger_checks import assert_run_invariants, events, run_row, snapshot_state
 
-from agentledger.errors import LeaseLost, ValidationFailed
+from agentledger.core.errors import LeaseLost, ValidationFailed
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.leases import claim_runs, heartbeat

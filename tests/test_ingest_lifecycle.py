@@ -34,15 +34,15 @@ from hypothesis.stateful import (
 from ledger_checks import STATUS_AFTER_EVENT, TERMINAL_EVENTS, TERMINAL_STATUSES
 from sqlalchemy import func, select
 
-from agentledger.database import Database
-from agentledger.errors import (
+from agentledger.core.database import Database
+from agentledger.core.errors import (
     CancelRequested,
     IllegalTransition,
     LeaseLost,
     LedgerError,
     RunTerminal,
 )
-from agentledger.schema import AgentRun, Message, RunEvent
+from agentledger.core.schema import AgentRun, Message, RunEvent
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.history import replay_at

@@ -7,9 +7,9 @@ from factories import make_agent, make_session, post
 from ledger_checks import counts, events, message_row, run_row, session_row, snapshot_state
 from sqlalchemy import select
 
-from agentledger.errors import IdempotencyConflict, NotFound, UnknownAgent
-from agentledger.hashing import sha256_hex
-from agentledger.schema import AgentRun, ContextBlob, Message, RunEvent
+from agentledger.core.errors import IdempotencyConflict, NotFound, UnknownAgent
+from agentledger.core.hashing import sha256_hex
+from agentledger.core.schema import AgentRun, ContextBlob, Message, RunEvent
 from ingest.agents import AgentDefinition, add_agent_version
 from ingest.runs import ContextItem, idempotency_key_hash, post_message, request_checksum
 from ingest.sessions import delete_session, update_session

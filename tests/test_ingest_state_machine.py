@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentledger.errors import CancelRequested, IllegalTransition, LedgerError, RunTerminal
+from agentledger.core.errors import CancelRequested, IllegalTransition, LedgerError, RunTerminal
 from ingest.state_machine import EVENT_TYPES, next_status
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ import pytest
 from rollup_checks import assert_rollup_matches_scan, stored
 from sqlalchemy import select
 
-from agentledger.outcome_histogram import EDGES, bucket_of, estimate_percentiles
-from agentledger.schema import AgentOutcomeRollup
+from agentledger.core.outcome_histogram import EDGES, bucket_of, estimate_percentiles
+from agentledger.core.schema import AgentOutcomeRollup
 from ingest.rollup import ROLLUP_SHARDS, rebuild_rollup, rollup_shard
 from queries.agent_outcomes import agent_outcomes, outcome_trend
 from queries.common import TimeWindow
@@ -103,7 +103,7 @@ def test_queries_answer_from_the_rollup_like_a_scan(db):
 
 
 def _all_runs(db) -> int:
-    from agentledger.schema import AgentRun
+    from agentledger.core.schema import AgentRun
 
     with db.read() as s:
         return len(s.execute(select(AgentRun.id)).all())
@@ -131,7 +131,7 @@ def test_run_endings_sum_into_the_shards_of_one_agent_version_day_status(db):
 
 
 def test_rollup_shards_spread_run_ids_over_every_shard():
-    from agentledger.ids import new_id
+    from agentledger.core.ids import new_id
 
     counts = [0] * ROLLUP_SHARDS
     for _ in range(3200):

@@ -15,8 +15,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from agentledger.app_factory import create_app
-from agentledger.config import Settings
-from agentledger.database import Database
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
 from ingest.agents import AgentDefinition, add_agent_version
 from ingest.tokens import create_token
 

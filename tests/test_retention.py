@@ -15,7 +15,7 @@ from factories import make_agent, make_session, post
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from agentledger.schema import AgentRun, ArchivedRun, RunEvent
+from agentledger.core.schema import AgentRun, ArchivedRun, RunEvent
 from ingest.events import append_events
 from ingest.history import replay_at
 from ingest.leases import claim_run

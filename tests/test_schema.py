@@ -11,9 +11,9 @@ from ledger_checks import assert_chains_ok, events, fresh_database, run_row
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 
-from agentledger.database import Database
-from agentledger.migrate import alembic_config, current_revision, upgrade
-from agentledger.schema import Base, exists_on
+from agentledger.core.database import Database
+from agentledger.core.migrate import alembic_config, current_revision, upgrade
+from agentledger.core.schema import Base, exists_on
 from ingest.events import append_events
 
 

@@ -15,10 +15,10 @@ from factories import claim, make_agent, make_session, post
 from ledger_checks import fresh_database
 from sqlalchemy import select, text
 
-from agentledger.database import Database
-from agentledger.schema import ApiToken
+from agentledger.core.database import Database
+from agentledger.core.hashing import token_hash
+from agentledger.core.schema import ApiToken
 from ingest.events import append_events
-from ingest.tokens import token_hash
 from queries.chain_verification import ChainProblem, verify_chains
 
 AGENTLEDGER = shutil.which("agentledger")

@@ -16,8 +16,15 @@ from collections.abc import Callable
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from agentledger.agent_kinds.context import AgentFailed, RunCancelled, RunContext
 from agentledger.agent_kinds.echo import run_echo
+from agentledger.agent_kinds.run_context import (
+    AgentFailed,
+    RunCancelled,
+    RunContext,
+    bind_current_run,
+    current_run,
+    unbind_current_run,
+)
 from agentledger.agent_kinds.scripted import run_scripted, validate_steps
 
 AgentKind = Callable[[RunContext], "str | None"]
@@ -47,6 +54,6 @@ def validate_definition(kind: str, params: dict) -> None:
 
 
 __all__ = [
-    "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "kind_for",
-    "validate_definition",
+    "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "bind_current_run",
+    "current_run", "kind_for", "unbind_current_run", "validate_definition",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentledger.agent_kinds.context import RunContext
+from agentledger.agent_kinds.run_context import RunContext
 
 
 def run_echo(ctx: RunContext) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentledger.agent_kinds.context import AgentFailed, RunContext
+from agentledger.agent_kinds.run_context import AgentFailed, RunContext
 
 STEP_KEYS = ("say", "sleep", "tool", "usage", "delegate", "fail")
 MAX_SLEEP = 3600

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from agentledger.api.auth import authenticate
-from agentledger.api.registry import ApiRegistry
+from agentledger.api.operations import ApiRegistry
+from agentledger.web.principal import authenticate
 
 blueprint = Blueprint("api", __name__, url_prefix="/api")
 api = ApiRegistry(blueprint, authenticate)

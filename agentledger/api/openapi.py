@@ -8,8 +8,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from agentledger import __version__
-from agentledger.api.registry import Operation
-from agentledger.api.schemas import ErrorResponse
+from agentledger.api.operations import Operation
+from agentledger.api.responses import ErrorResponse
 
 ERROR_TEXT = {
     400: "Unreadable request (invalid_request, idempotency_key_required)",

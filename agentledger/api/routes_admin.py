@@ -5,8 +5,9 @@ from __future__ import annotations
 from flask import jsonify
 
 from agentledger.api import api
-from agentledger.api.context import state
-from agentledger.api.schemas import AdminActionList, AdminActionsQuery
+from agentledger.api.request_scope import state
+from agentledger.api.requests import AdminActionsQuery
+from agentledger.api.responses import AdminActionList
 from queries.admin_actions import ActionFilters, admin_actions
 
 

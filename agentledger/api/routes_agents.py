@@ -6,9 +6,10 @@ from flask import jsonify
 
 from agentledger.agent_kinds import validate_definition
 from agentledger.api import api
-from agentledger.api.context import actor, state
-from agentledger.api.schemas import AgentBody, AgentList, AgentOut, AgentVersionBody, ListQuery
-from agentledger.errors import NotFound, ValidationFailed
+from agentledger.api.request_scope import actor, state
+from agentledger.api.requests import AgentBody, AgentVersionBody, ListQuery
+from agentledger.api.responses import AgentList, AgentOut
+from agentledger.core.errors import NotFound, ValidationFailed
 from ingest.admin_log import record
 from ingest.agents import AgentDefinition, add_agent_version, register_agent
 from queries.agents_catalog import get_agent, list_agents

@@ -9,18 +9,10 @@ from __future__ import annotations
 from flask import jsonify
 
 from agentledger.api import api
-from agentledger.api.context import state
-from agentledger.api.schemas import (
-    AppendEventsBody,
-    AppendEventsOut,
-    ChildOut,
-    ClaimBody,
-    ClaimOut,
-    CreateChildBody,
-    HeartbeatBody,
-    HeartbeatOut,
-)
-from agentledger.errors import IllegalTransition, ValidationFailed
+from agentledger.api.request_scope import state
+from agentledger.api.requests import AppendEventsBody, ClaimBody, CreateChildBody, HeartbeatBody
+from agentledger.api.responses import AppendEventsOut, ChildOut, ClaimOut, HeartbeatOut
+from agentledger.core.errors import IllegalTransition, ValidationFailed
 from ingest.event_types import DATA_MODELS, EXECUTOR_APPENDABLE
 from ingest.events import append_events
 from ingest.leases import claim_runs, heartbeat

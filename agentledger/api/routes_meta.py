@@ -6,8 +6,8 @@ from flask import jsonify
 from sqlalchemy import text
 
 from agentledger.api import api
-from agentledger.api.context import state
-from agentledger.api.schemas import Health
+from agentledger.api.request_scope import state
+from agentledger.api.responses import Health
 
 
 @api.route("/health", "GET", summary="Liveness and database kind", roles=None,

@@ -5,20 +5,12 @@ from __future__ import annotations
 from flask import jsonify
 
 from agentledger.api import api
-from agentledger.api.context import actor, owner_scope, principal, read_one, state
-from agentledger.api.registry import READERS, WRITERS
-from agentledger.api.schemas import (
-    CancelOut,
-    EventsOut,
-    EventsQuery,
-    ProvenanceOut,
-    RunList,
-    RunListQuery,
-    RunOut,
-    TreeOut,
-)
+from agentledger.api.operations import READERS, WRITERS
+from agentledger.api.request_scope import actor, owner_scope, principal, read_one, state
+from agentledger.api.requests import EventsQuery, RunListQuery
+from agentledger.api.responses import CancelOut, EventsOut, ProvenanceOut, RunList, RunOut, TreeOut
 from agentledger.api.stream import event_stream_response, wants_event_stream
-from agentledger.errors import NotAnAssistantMessage, NotFound
+from agentledger.core.errors import NotAnAssistantMessage, NotFound
 from ingest.admin_log import record
 from ingest.cancel import request_cancel
 from queries.provenance import UserMessage, message_provenance

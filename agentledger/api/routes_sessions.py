@@ -5,19 +5,11 @@ from __future__ import annotations
 from flask import jsonify, request
 
 from agentledger.api import api
-from agentledger.api.context import actor, owner_scope, principal, read_one, state
-from agentledger.api.registry import READERS, WRITERS
-from agentledger.api.schemas import (
-    CreateSessionBody,
-    ListQuery,
-    MessageList,
-    PatchSessionBody,
-    PostMessageBody,
-    PostMessageOut,
-    SessionList,
-    SessionOut,
-)
-from agentledger.errors import IdempotencyKeyRequired, NotFound
+from agentledger.api.operations import READERS, WRITERS
+from agentledger.api.request_scope import actor, owner_scope, principal, read_one, state
+from agentledger.api.requests import CreateSessionBody, ListQuery, PatchSessionBody, PostMessageBody
+from agentledger.api.responses import MessageList, PostMessageOut, SessionList, SessionOut
+from agentledger.core.errors import IdempotencyKeyRequired, NotFound
 from ingest.admin_log import record
 from ingest.runs import ContextItem, post_message, request_checksum
 from ingest.sessions import create_session, delete_session, update_session
@@ -67,7 +59,7 @@ def sessions_detail(session_id: str):
 def sessions_patch(session_id: str, body: PatchSessionBody, raw_body):
     changes = {k: raw_body[k] for k in ("title", "agent_id") if k in raw_body}
     if changes.get("agent_id", "") is None:
-        from agentledger.errors import ValidationFailed
+        from agentledger.core.errors import ValidationFailed
 
         raise ValidationFailed("agent_id: a session always has a default agent; it cannot be null")
     with state().db.write() as s:

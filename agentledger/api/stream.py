@@ -12,8 +12,8 @@ import time
 
 from flask import Response, request, stream_with_context
 
-from agentledger.api.context import owner_scope, read_one, state
-from agentledger.errors import InvalidRequest, NotFound
+from agentledger.api.request_scope import owner_scope, read_one, state
+from agentledger.core.errors import InvalidRequest, NotFound
 from queries.run_events import events_page, run_head
 
 PAGE = 500

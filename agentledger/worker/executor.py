@@ -20,11 +20,18 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from agentledger.agent_kinds import AgentFailed, RunCancelled, RunContext, kind_for
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.dialect import QUEUE_CHANNEL
-from agentledger.errors import (
+from agentledger.agent_kinds import (
+    AgentFailed,
+    RunCancelled,
+    RunContext,
+    bind_current_run,
+    kind_for,
+    unbind_current_run,
+)
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.dialect import QUEUE_CHANNEL
+from agentledger.core.errors import (
     CancelRequested,
     IllegalTransition,
     LeaseLost,
@@ -33,8 +40,9 @@ from agentledger.errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from agentledger.notifier import EventNotifier
-from agentledger.schema import TERMINAL, AgentRun
+from agentledger.core.notifier import EventNotifier
+from agentledger.core.schema import AgentRun
+from agentledger.core.vocabulary import TERMINAL
 from ingest.events import append_events
 from ingest.leases import ClaimedRun, claim_runs, heartbeat
 from ingest.reconcile import interrupt_executor_runs
@@ -186,7 +194,7 @@ class Executor:
 
     def _execute(self, run: ClaimedRun, active: _Active) -> None:
         try:
-            ctx = RunContext(run_id=run.run_id, input=run.input,
+            ctx = RunContext(run_id=run.run_id, thread_id=run.thread_id, input=run.input,
                              agent_execution_snapshot=run.agent_execution_snapshot,
                              context_pack_snapshot=run.context_pack_snapshot,
                              context=run.context, port=self)
@@ -196,7 +204,11 @@ class Executor:
                 if kind is None:
                     raise AgentFailed(f"no agent kind {kind_name!r} on executor {self.instance_id}",
                                       code="unknown_agent_kind")
-                answer = kind(ctx)
+                bound = bind_current_run(ctx)
+                try:
+                    answer = kind(ctx)
+                finally:
+                    unbind_current_run(bound)
                 self._end(active, "run.completed", {} if answer is None else {"content": answer})
             except RunCancelled:
                 self._end(active, "run.cancelled", {"external_stop_confirmed": True})

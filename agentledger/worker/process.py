@@ -8,13 +8,13 @@ import signal
 import socket
 import threading
 
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.gc_tuning import tune_for_long_running_process
-from agentledger.migrate import upgrade
-from agentledger.notifier import EventNotifier
-from agentledger.reconciler import ReconcilerThread
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.migrate import upgrade
+from agentledger.core.notifier import EventNotifier
+from agentledger.process_tuning import tune_for_long_running_process
 from agentledger.worker.executor import Executor
+from agentledger.worker.reconciler_loop import ReconcilerThread
 
 
 def default_instance_id() -> str:

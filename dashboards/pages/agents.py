@@ -10,7 +10,7 @@ from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards import components as ui
 from dashboards import figures, params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.agent_outcomes import agent_outcomes, outcome_trend
 from queries.agents_catalog import get_agent, list_agents
 from queries.provenance import diff_agent_versions

@@ -9,14 +9,14 @@ import dash
 import dash_bootstrap_components as dbc
 from dash import Input, Output, State, ctx, dcc, html
 
+from agentledger.core.vocabulary import ADMIN_ACTIONS
 from dashboards import components as ui
 from dashboards import params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.admin_actions import ActionFilters, admin_actions
 
 P = "audit"
-ACTIONS = ("token.created", "token.revoked", "agent.registered", "agent.versioned",
-           "run.cancel_requested", "session.deleted")
+ACTIONS = ADMIN_ACTIONS
 COLUMNS = [
     {"field": "at", "headerName": "When", "width": 205},
     {"field": "actor", "headerName": "Who", "width": 170},

@@ -9,7 +9,7 @@ from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards import components as ui
 from dashboards import figures, params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.interrupted_runs import (
     REASONS,
     InterruptedFilters,

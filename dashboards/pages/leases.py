@@ -9,7 +9,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboards import components as ui
 from dashboards import figures, params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.lease_health import DEFAULT_AT_RISK_SECONDS, DEFAULT_SEEN_MINUTES, lease_health
 
 P = "leases"

@@ -11,7 +11,7 @@ import dash_bootstrap_components as dbc
 from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.agents_catalog import get_agent
 from queries.provenance import UserMessage, diff_agent_versions, message_provenance
 from queries.run_events import events_page

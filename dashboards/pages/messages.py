@@ -8,7 +8,7 @@ from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards import components as ui
 from dashboards import params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.message_search import MessageSearch, search_messages
 
 P = "messages"

@@ -8,7 +8,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboards import components as ui
 from dashboards import figures, params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.overview import overview
 
 P = "overview"

@@ -13,7 +13,7 @@ from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
 from dashboards import figures
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.run_events import events_page
 from queries.run_tree import run_tree
 from queries.runs import get_run

@@ -8,7 +8,7 @@ from dash import Input, Output, State, ctx, dcc, html
 
 from dashboards import components as ui
 from dashboards import params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.runs import RunFilters, list_runs
 
 P = "runs"

@@ -9,7 +9,7 @@ from dash import Input, Output, State, dcc, html, no_update
 
 from dashboards import components as ui
 from dashboards import figures, params
-from dashboards.registry import callback
+from dashboards.page_registry import callback
 from queries.status_timeline import TimelineFilters, status_timeline
 
 P = "timeline"

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from agentledger.errors import ValidationFailed
+from agentledger.core.errors import ValidationFailed
 
 GENESIS_HASH = "0" * 64
 
@@ -136,3 +136,8 @@ def _storable(value: Any) -> Any:
     if isinstance(value, str):
         return _text(value)
     raise _NotStorable("", f"{type(value).__name__} is not a JSON value")
+
+
+def token_hash(token: str) -> str:
+    """What is stored of an API token: its keyed sha256, never the token."""
+    return sha256_hex("api-token\n" + token)

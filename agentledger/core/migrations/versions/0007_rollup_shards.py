@@ -27,7 +27,7 @@ branch_labels = None
 depends_on = None
 
 KEY = ['agent_id', 'agent_version', 'day', 'status']
-BUCKETS = 64  # agentledger.outcome_histogram.BUCKETS at the time of this migration
+BUCKETS = 64  # agentledger.core.outcome_histogram.BUCKETS at the time of this migration
 
 
 def upgrade() -> None:
@@ -94,7 +94,7 @@ def _add_end_reason() -> None:
 
 def _backfill() -> None:
     """Sum the runs that ended before the rollup existed (a no-op on a new database)."""
-    from agentledger.schema import AgentRun
+    from agentledger.core.schema import AgentRun
 
     bind = op.get_bind()
     rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup_hour')).scalar()
@@ -116,7 +116,7 @@ def downgrade() -> None:
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
     op.drop_table('agent_outcome_rollup_hour')
     # Fold the shards into one row per key first: no ended run may drop out of the counts.
-    from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
+    from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 
     sums = ['runs', 'latency_n', 'latency_sum', 'wait_n', 'wait_sum', 'input_tokens',
             'output_tokens', 'cost_usd', *LATENCY_COLUMNS, *WAIT_COLUMNS]

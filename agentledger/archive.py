@@ -9,16 +9,16 @@ from pathlib import Path
 from sqlalchemy import func, select
 from tqdm import tqdm
 
-from agentledger.archive_files import ArchiveWriter, read_archive, verify_archive
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.schema import ArchivedRun
+from agentledger.core.archive_format import ArchiveWriter, read_archive, verify_archive
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.schema import ArchivedRun
 from ingest.retention import archivable_roots, delete_trees, export_trees
 
 
 def archive_command(settings: Settings, *, older_than_days: float, out: str, batch_size: int,
                     dry_run: bool) -> int:
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
 
     if older_than_days < 0 or batch_size < 1:
         raise SystemExit("--older-than-days must be ≥ 0 and --batch-size ≥ 1")

@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine
 
-from agentledger.database import normalize_url
+from agentledger.core.database import normalize_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

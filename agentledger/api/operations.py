@@ -16,11 +16,11 @@ from typing import Any
 from flask import Blueprint, g, request
 from pydantic import BaseModel, ValidationError
 
-from agentledger.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
+from agentledger.core.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
+from agentledger.core.vocabulary import READER_ROLES, WRITER_ROLES
 
-ALL_ROLES = ("user", "viewer", "executor", "admin")
-READERS = ("user", "viewer", "admin")
-WRITERS = ("user", "admin")
+READERS = READER_ROLES
+WRITERS = WRITER_ROLES
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Every error a client can see, each with its HTTP status and contract error code.
 
 ``ingest`` raises these (translating database errors with ``raise … from exc``); the API maps
-them to ``{"error": {"code", "message"}}`` in one place (``agentledger.api.errors``).
+them to ``{"error": {"code", "message"}}`` in one place (``agentledger.web.error_envelope``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentledger.hashing import GENESIS_HASH, event_hash
+from agentledger.core.hashing import GENESIS_HASH, event_hash
 
 
 class ArchiveWriter:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from flask import g, request, session
 
-from agentledger.errors import Unauthenticated
-from ingest.tokens import token_hash
+from agentledger.core.errors import Unauthenticated
+from agentledger.core.hashing import token_hash
+from agentledger.web.app_state import state
 from queries.principals import Principal, principal_from_row, principal_lookup
 
 SESSION_TOKEN_KEY = "token_id"
 
 
 def _principal(**key: str) -> Principal | None:
-    from agentledger.api.context import state
-
     return principal_from_row(state().db.read_row(*principal_lookup(**key)))
 
 

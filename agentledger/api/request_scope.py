@@ -1,25 +1,10 @@
-"""Per-process state the views need: settings, database, notifier."""
+"""What an API view asks of its request: the caller, its owner scope, replica-aware single reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from flask import g
 
-from flask import current_app, g
-
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.notifier import EventNotifier
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    db: Database
-    notifier: EventNotifier
-
-
-def state() -> AppState:
-    return current_app.extensions["agentledger"]
+from agentledger.web.app_state import state
 
 
 def principal():

@@ -15,10 +15,10 @@ from urllib.parse import quote
 from flask import Response, current_app, redirect, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from agentledger.api.auth import current_principal
-from agentledger.api.errors import error_response
+from agentledger.core.vocabulary import DASHBOARD_ROLES
+from agentledger.web.error_envelope import error_response
+from agentledger.web.principal import current_principal
 
-DASHBOARD_ROLES = ("viewer", "admin")
 _OPEN_PATHS = ("/login", "/logout")
 
 _FORBIDDEN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">

@@ -7,8 +7,8 @@ from urllib.parse import urlparse
 
 from flask import Blueprint, Response, redirect, request, session
 
-from agentledger.api.auth import SESSION_TOKEN_KEY, principal_from_token
-from agentledger.security import issue_csrf_token
+from agentledger.web.principal import SESSION_TOKEN_KEY, principal_from_token
+from agentledger.web.security import issue_csrf_token
 
 web_auth = Blueprint("web_auth", __name__)
 

@@ -2,7 +2,7 @@
 
 Time arithmetic (seconds since the epoch, time buckets), percentiles, and "does this context
 pack contain item X". The write side's differences (upserts, row locks, the database clock)
-live in ``agentledger.dialect``; ``now`` is re-exported from there so every lease comparison on
+live in ``agentledger.core.dialect``; ``now`` is re-exported from there so every lease comparison on
 the read side uses the same clock as the writers.
 """
 
@@ -27,9 +27,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from agentledger.dialect import name
-from agentledger.dialect import now as database_now
-from agentledger.schema import AgentRun
+from agentledger.core.dialect import name
+from agentledger.core.dialect import now as database_now
+from agentledger.core.schema import AgentRun
 
 __all__ = [
     "database_now", "epoch_seconds", "seconds_between", "time_bucket", "percentiles",

@@ -1,11 +1,11 @@
-"""Alembic environment: runs migrations on the connection handed over by ``agentledger.migrate``."""
+"""Alembic environment: runs migrations on the connection handed over by ``agentledger.core.migrate``."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from agentledger.schema import Base, exists_on
+from agentledger.core.schema import Base, exists_on
 
 config = context.config
 target_metadata = Base.metadata

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from sqlalchemy import Select, Table, func, null, text
 from sqlalchemy.orm import Session
 
-from agentledger import cacheable_upsert
-from agentledger.database import PENDING_NOTIFICATIONS
+from agentledger.core import cacheable_upsert
+from agentledger.core.database import PENDING_NOTIFICATIONS
 
 EVENTS_CHANNEL = "agentledger_events"
 QUEUE_CHANNEL = "agentledger_queue"

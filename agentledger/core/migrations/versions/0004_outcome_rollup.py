@@ -6,7 +6,7 @@ Create Date: 2026-12-06
 
 Ended runs summed per (agent, version, UTC day of creation, terminal status), maintained in the
 transaction that ends each run, with fixed log-scale histograms of latency and queue wait
-(64 buckets each, see agentledger/outcome_histogram.py). Existing runs are summed into it by
+(64 buckets each, see agentledger/core/outcome_histogram.py). Existing runs are summed into it by
 0007, once the table has its final key.
 """
 import sqlalchemy as sa
@@ -17,7 +17,7 @@ down_revision = '0003'
 branch_labels = None
 depends_on = None
 
-BUCKETS = 64  # agentledger.outcome_histogram.BUCKETS at the time of this migration
+BUCKETS = 64  # agentledger.core.outcome_histogram.BUCKETS at the time of this migration
 
 
 def upgrade() -> None:

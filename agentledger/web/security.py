@@ -14,8 +14,8 @@ import secrets
 
 from flask import Flask, Response, current_app, request, session
 
-from agentledger.api.auth import SESSION_TOKEN_KEY
-from agentledger.api.errors import error_response
+from agentledger.web.error_envelope import error_response
+from agentledger.web.principal import SESSION_TOKEN_KEY
 
 CSRF_SESSION_KEY = "csrf"
 CSRF_COOKIE = "_csrf_token"

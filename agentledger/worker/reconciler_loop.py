@@ -11,9 +11,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from agentledger.config import Settings
-from agentledger.database import Database
-from agentledger.errors import LedgerError
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.errors import LedgerError
 from ingest.rate_limits import prune_windows
 from ingest.reconcile import (
     expired_lease_run_ids,
@@ -22,7 +22,7 @@ from ingest.reconcile import (
     orphaned_child_run_ids,
 )
 
-log = logging.getLogger("agentledger.reconciler")
+log = logging.getLogger("agentledger.worker.reconciler_loop")
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def run_reconciler(settings: Settings, *, once: bool) -> int:
     """``agentledger reconcile [--once]``."""
     import signal
 
-    from agentledger.migrate import upgrade
+    from agentledger.core.migrate import upgrade
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     upgrade(settings.database_url)

@@ -7,7 +7,7 @@ import logging
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from agentledger.errors import LedgerError
+from agentledger.core.errors import LedgerError
 
 log = logging.getLogger("agentledger.api")
 

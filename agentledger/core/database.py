@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
-from agentledger.config import sqlite_path
+from agentledger.core.config import sqlite_path
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
 PENDING_NOTIFICATIONS = "agentledger_pending_notifications"

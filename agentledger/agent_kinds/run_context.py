@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,11 +31,14 @@ class ExecutionPort(Protocol):
 @dataclass
 class RunContext:
     run_id: str
+    thread_id: str
     input: str
     agent_execution_snapshot: dict[str, Any]
     context_pack_snapshot: dict[str, Any]
     context: list[dict[str, Any]]
     port: ExecutionPort
+    # The thread's earlier turns, oldest first (CONTRACT §7): {"role", "content", "run_id", "created_at"}.
+    history: list[dict[str, Any]] = field(default_factory=list)
     answer_parts: list[str] = field(default_factory=list)
 
     @property
@@ -56,3 +60,25 @@ class RunContext:
     def delegate(self, children: list[dict[str, str]]) -> list[dict[str, Any]]:
         """Create child runs, let any worker run them in parallel, wait for all of them."""
         return self.port.delegate(self.run_id, children)
+
+
+# The run the calling thread or asyncio task is executing. A ContextVar, so that each executor
+# thread has its own and asyncio tasks started inside a run (frameworks' own) inherit it.
+_current: ContextVar[RunContext] = ContextVar("agentledger_current_run")
+
+
+def current_run() -> RunContext:
+    """The ``RunContext`` of the run being executed here; ``LookupError`` outside a run."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError("current_run() called outside a run executed by agentledger") from None
+
+
+def bind_current_run(ctx: RunContext):
+    """Make ``ctx`` the current run of this thread; returns the token to ``unbind`` it with."""
+    return _current.set(ctx)
+
+
+def unbind_current_run(token) -> None:
+    _current.reset(token)

@@ -31,11 +31,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from agentledger.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
-
-NON_TERMINAL = ("queued", "running", "cancelling")
-ACTIVE = ("running", "cancelling")
-TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
+from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 
 
 class UTCDateTime(TypeDecorator):
@@ -288,7 +284,7 @@ class RateLimitWindow(Base):
 
 class _OutcomeMeasures:
     """What a rollup row sums: counts, latency and wait (sum, min, max and a log-scale
-    histogram, ``agentledger.outcome_histogram``), tokens and cost."""
+    histogram, ``agentledger.core.outcome_histogram``), tokens and cost."""
 
     runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
     latency_n: Mapped[int] = mapped_column(BigInteger, nullable=False)
@@ -310,7 +306,7 @@ class AgentOutcomeRollup(_OutcomeMeasures, Base):
     Maintained in the transaction that ends each run (``ingest.rollup``; bulk imports add their
     batches in aggregate), so per-agent outcomes over days never scan ``agent_run``. Sums give
     exact counts, tokens and cost; the ``latency_hNN`` / ``wait_hNN`` columns are fixed
-    log-scale histograms (``agentledger.outcome_histogram``) from which percentiles are
+    log-scale histograms (``agentledger.core.outcome_histogram``) from which percentiles are
     estimated. Latency is started → finished (runs that started); wait is created → started.
     """
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy.engine import make_url
 
-from agentledger.config import sqlite_path
-from agentledger.dialect import EVENTS_CHANNEL, QUEUE_CHANNEL
+from agentledger.core.config import sqlite_path
+from agentledger.core.dialect import EVENTS_CHANNEL, QUEUE_CHANNEL
 
-log = logging.getLogger("agentledger.notifier")
+log = logging.getLogger("agentledger.core.notifier")
 
 SQLITE_WATCH_SECONDS = 0.05
 FALLBACK_SECONDS = 1.0
