@@ -6,14 +6,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select
 from tqdm import tqdm
 
 from agentledger.core.archive_format import ArchiveWriter, read_archive, verify_archive
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
-from agentledger.core.schema import ArchivedRun
 from ingest.retention import archivable_roots, delete_trees, export_trees
+from queries.archived_runs import archived_heads
 
 
 def archive_command(settings: Settings, *, older_than_days: float, out: str, batch_size: int,
@@ -64,18 +63,10 @@ def verify_archive_command(settings: Settings, archive: str) -> int:
         print(f"no archive file {path}", file=sys.stderr)
         return 2
     run_ids = [r["run"]["id"] for r in read_archive(path)]
-    heads: dict[str, tuple[int, str]] = {}
     db = Database.from_settings(settings)
     try:
         with db.read() as s:
-            if s.execute(select(func.count()).select_from(ArchivedRun)).scalar_one():
-                for start in range(0, len(run_ids), 1000):
-                    for row in s.execute(
-                        select(ArchivedRun.run_id, ArchivedRun.last_event_seq,
-                               ArchivedRun.last_event_hash)
-                        .where(ArchivedRun.run_id.in_(run_ids[start:start + 1000]))
-                    ):
-                        heads[row.run_id] = (row.last_event_seq, row.last_event_hash)
+            heads = archived_heads(s, run_ids) or {}
     finally:
         db.dispose()
     checked, problems = verify_archive(path, heads)

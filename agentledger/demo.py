@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from tqdm import tqdm
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.errors import Conflict
-from agentledger.core.schema import AgentVersion
 from agentledger.demo_history import (
     AGENTS,
     CONTEXT_DOCS,
@@ -49,14 +46,7 @@ from ingest.reconcile import (
 )
 from ingest.runs import ContextItem, create_child_run, post_message, request_checksum
 from ingest.sessions import create_session, update_session
-
-
-@dataclass
-class _Plan:
-    at: datetime
-    owner: str
-    outcome: str  # succeeded | failed | cancelled | lease_expired | service_restart | executor_shutdown
-    depth: int
+from queries.agents_catalog import version_times
 
 
 def _ensure_agents(db: Database, start: datetime, days: int) -> dict[str, list[datetime]]:
@@ -161,8 +151,7 @@ def _all_versions_registered(db: Database, start: datetime, days: int) -> Versio
             add_agent_version(s, agent_id, definition(agent_id, len(AGENTS[agent_id]) - len(due[agent_id]) + 1))
         due[agent_id].pop(0)
     with db.read() as s:
-        rows = s.execute(select(AgentVersion.agent_id, AgentVersion.version, AgentVersion.created_at)
-                         .order_by(AgentVersion.agent_id, AgentVersion.version)).all()
+        rows = version_times(s)
     since: dict[str, list[tuple[datetime, int]]] = {}
     for agent_id, version, created in rows:
         since.setdefault(agent_id, []).append((created, version))

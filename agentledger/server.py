@@ -23,15 +23,13 @@ log = logging.getLogger("agentledger.server")
 
 
 def _is_empty(settings: Settings) -> bool:
-    from sqlalchemy import func, select
-
     from agentledger.core.database import Database
-    from agentledger.core.schema import AgentRun
+    from queries.runs import ledger_is_empty
 
     db = Database.from_settings(settings)
     try:
         with db.read() as s:
-            return s.execute(select(func.count()).select_from(AgentRun)).scalar_one() == 0
+            return ledger_is_empty(s)
     finally:
         db.dispose()
 

@@ -56,7 +56,7 @@ from ingest.runs import (
     request_checksum,
     snapshot_of,
 )
-from ingest.state_machine import next_status
+from ingest.state_machine import Lease, next_status, row_changes
 
 DEFAULT_BATCH_RUNS = 2000
 
@@ -240,8 +240,8 @@ class BulkImporter:
                   "parent_run_id": parent.id if parent else None}
         pending: list[tuple[str, dict, datetime]] = [("run.queued", queued, created)]
         status, previous = "queued", created
-        started_at = finished_at = executor = lease = None
-        error = end_reason = None
+        changes: dict[str, Any] = {}  # what the events do to the run row (state_machine.row_changes)
+        lease = None
         announced: dict[str, datetime] = {}
         deltas: list[str] = []
         answer: str | None = None
@@ -256,8 +256,9 @@ class BulkImporter:
             except LedgerError as exc:
                 raise type(exc)(f"{where} seq {n}: {exc.message}") from exc
             if event.type == "run.started":
-                started_at, executor = at, data["executor_instance_id"]
                 lease = data.get("lease_expires_at")
+                changes.update(row_changes(event.type, data, at, lease=Lease(
+                    data["executor_instance_id"], _lease_time(run, lease, where))))
             elif event.type == "message.delta":
                 deltas.append(str(data.get("text", "")))
             elif event.type == "run.child_created":
@@ -265,13 +266,10 @@ class BulkImporter:
             elif event.type == "run.completed":
                 content = data.pop("content", None)
                 answer = "".join(deltas) if content is None else content
-            elif event.type == "run.failed":
-                error = data["error"]
-            elif event.type == "run.interrupted":
-                end_reason = data["reason"]
+                data["final_message_id"] = None  # named below, once the message has its id
+            if event.type != "run.started":
+                changes.update(row_changes(event.type, data, at))
             status = status_after
-            if status in TERMINAL:
-                finished_at = at
             pending.append((event.type, data, at))
         if status not in TERMINAL:
             raise IllegalTransition(f"{where}: an imported history must end in a terminal event")
@@ -279,6 +277,8 @@ class BulkImporter:
         if set(child_ids) != set(announced) or len(child_ids) != len(set(child_ids)):
             raise ValidationFailed(f"{where}: its children and its run.child_created events differ")
 
+        finished_at = changes["finished_at"]
+        started_at = changes.get("started_at")
         final_message_id = None
         if answer is not None:
             final_message_id = new_id("msg")
@@ -302,15 +302,6 @@ class BulkImporter:
             chain = event_hash_of_json(chain, run.id, seq, event_type, data_json, at)
             batch.events.append((run.id, seq, event_type, data_json, at, chain, data))
 
-        if run.lease_expires_at is not None:
-            lease_at = _aware(run.lease_expires_at, where)
-        elif isinstance(lease, str):
-            try:
-                lease_at = _aware(datetime.fromisoformat(lease), f"{where} run.started")
-            except ValueError as exc:
-                raise ValidationFailed(f"{where}: run.started lease_expires_at is not a time") from exc
-        else:
-            lease_at = None
         key_hash = checksum = None
         if run.idempotency_key is not None:
             key_hash = idempotency_key_hash(run.idempotency_key)
@@ -323,13 +314,14 @@ class BulkImporter:
             "status": status, "agent_execution_snapshot": snapshot_json,
             "context_pack_snapshot": pack_json, "input": run.input,
             "user_message_id": user_message_id, "last_event_seq": seq, "last_event_hash": chain,
-            "executor_instance_id": executor, "lease_expires_at": lease_at,
+            "executor_instance_id": changes.get("executor_instance_id"),
+            "lease_expires_at": changes.get("lease_expires_at"),
             "last_heartbeat_at": run.last_heartbeat_at or started_at,
             "idempotency_key_hash": key_hash, "request_checksum": checksum,
             "final_message_id": final_message_id,
-            "error": None if error is None else canonical_json(error),
+            "error": None if changes.get("error") is None else canonical_json(changes["error"]),
             "created_at": created, "started_at": started_at, "finished_at": finished_at,
-            "end_reason": end_reason,
+            "end_reason": changes.get("end_reason"),
         })
         tokens_in, tokens_out, cost = usage_totals(usage)
         batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,
@@ -496,3 +488,15 @@ def iter_runs(trees: Iterable[ImportedRun]) -> Iterator[ImportedRun]:
     for tree in trees:
         yield tree
         yield from iter_runs(tree.children)
+
+
+def _lease_time(run: ImportedRun, stated: object, where: str) -> datetime | None:
+    """The lease a run.started granted: the import's own value, else the event's."""
+    if run.lease_expires_at is not None:
+        return _aware(run.lease_expires_at, where)
+    if not isinstance(stated, str):
+        return None
+    try:
+        return _aware(datetime.fromisoformat(stated), f"{where} run.started")
+    except ValueError as exc:
+        raise ValidationFailed(f"{where}: run.started lease_expires_at is not a time") from exc

@@ -40,19 +40,19 @@ class ErrorInfo(BaseModel):
     message: str = Field(max_length=10_000)
 
 
-class RunFailed(_Data):
+class RunFailedData(_Data):
     error: ErrorInfo
 
 
-class RunCancelled(_Data):
+class RunCancelledData(_Data):
     external_stop_confirmed: Literal[True]
 
 
-class RunInterrupted(_Data):
+class RunInterruptedData(_Data):
     reason: InterruptReason
 
 
-class RunCompleted(_Data):
+class RunCompletedData(_Data):
     # The executor may send the answer; otherwise it is the run's message.delta texts joined.
     content: str | None = None
 
@@ -79,10 +79,10 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "tool.call": ToolCall,
     "tool.result": ToolResult,
     "usage": Usage,
-    "run.failed": RunFailed,
-    "run.cancelled": RunCancelled,
-    "run.interrupted": RunInterrupted,
-    "run.completed": RunCompleted,
+    "run.failed": RunFailedData,
+    "run.cancelled": RunCancelledData,
+    "run.interrupted": RunInterruptedData,
+    "run.completed": RunCompletedData,
     "run.child_finished": ChildFinished,
     "run.cancelling": StopRequested,
     "run.started": Started,

@@ -25,7 +25,7 @@ from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
-from ingest.state_machine import next_status
+from ingest.state_machine import EVENT_TARGET, Lease, next_status, row_changes
 
 _RUN_COLUMNS = (
     AgentRun.id,
@@ -90,7 +90,7 @@ _ADVANCE_RUN = update(AgentRun.__table__).where(
     AgentRun.__table__.c.last_event_seq == bindparam("last_event_seq_"),
 )
 
-_ENDING = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")
+_ENDING = frozenset(e for e, to in EVENT_TARGET.items() if to in TERMINAL)
 
 
 def lock_run_and_parent(session: Session, run_id: str):
@@ -139,14 +139,14 @@ def append_events(
     events: list[tuple[str, dict]],
     *,
     executor_instance_id: str | None = None,
-    run_values: dict[str, Any] | None = None,
+    lease: Lease | None = None,
     now: datetime | None = None,
 ) -> AppendResult:
     """Append ``events`` (type, data) to a run in order, atomically.
 
     With ``executor_instance_id`` the caller must hold a live lease on the run (else
-    ``LeaseLost``: expired, another instance's, or the run ended). ``run_values`` are extra
-    column values for the run's update (the claim sets the lease this way).
+    ``LeaseLost``: expired, another instance's, or the run ended). ``lease`` is the lease a
+    ``run.started`` in the batch grants (the claim passes it).
     """
     if not events:
         raise ValueError("append_events needs at least one event")
@@ -167,7 +167,7 @@ def append_events(
         status = next_status(status, event_type)
         pending.append(_Pending(event_type, dict(data)))
 
-    values: dict[str, Any] = dict(run_values or {})
+    values: dict[str, Any] = {}
     final_message_id = None
     delta_text_in_batch = "".join(
         str(p.data.get("text", "")) for p in pending if p.type == "message.delta"
@@ -191,11 +191,7 @@ def append_events(
                 )
             )
             item.data["final_message_id"] = final_message_id
-            values["final_message_id"] = final_message_id
-        elif item.type == "run.failed":
-            values["error"] = item.data["error"]
-        elif item.type == "run.interrupted":
-            values["end_reason"] = item.data["reason"]
+        values.update(row_changes(item.type, item.data, now, lease=lease))
 
     seq = run.last_event_seq
     chain = run.last_event_hash
@@ -208,8 +204,6 @@ def append_events(
     _insert_events(session, rows)
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    if status in TERMINAL:
-        values["finished_at"] = now
     updated = session.execute(_ADVANCE_RUN, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,

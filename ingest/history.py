@@ -18,6 +18,3 @@ def replay_at(session: Session, moment: datetime) -> None:
         raise ValueError("replay_at needs a timezone-aware moment")
     session.info["clock"] = moment.astimezone(UTC)
 
-
-def live(session: Session) -> None:
-    session.info.pop("clock", None)

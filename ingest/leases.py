@@ -19,6 +19,7 @@ from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, Vali
 from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, lease_deadline
+from ingest.state_machine import Lease
 
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 3600
@@ -119,12 +120,7 @@ def _start(session: Session, run_id: str, executor_instance_id: str, now: dateti
         run_id,
         [("run.started", {"executor_instance_id": executor_instance_id,
                           "lease_expires_at": expires.isoformat()})],
-        run_values={
-            "executor_instance_id": executor_instance_id,
-            "lease_expires_at": expires,
-            "last_heartbeat_at": now,
-            "started_at": now,
-        },
+        lease=Lease(executor_instance_id, expires),
         now=now,
     )
     return _claimed(session, run_id, expires)

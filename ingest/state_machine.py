@@ -2,13 +2,20 @@
 
 ``TRANSITIONS`` maps (from status, to status) to the one event type that performs the move.
 ``next_status`` is the only function that decides whether an event may be appended to a run in
-a given status, and what status the run has afterwards.
+a given status, and what status the run has afterwards; ``row_changes`` is the only one that says
+what an event does to the run row besides its status and chain head (started_at, the lease,
+finished_at, the final message, the error, the end reason). Appends, claims and the bulk import
+all use both.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
 from agentledger.core.errors import CancelRequested, IllegalTransition, RunTerminal
-from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, TERMINAL
+from agentledger.core.vocabulary import ACTIVE, PROGRESS_EVENTS, TERMINAL
 
 TRANSITIONS: dict[tuple[str, str], str] = {
     ("queued", "running"): "run.started",
@@ -26,16 +33,39 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 EVENT_TARGET: dict[str, str] = {event: to for (_, to), event in TRANSITIONS.items()}
 
 # Events that report progress without moving the run; only a started, unfinished run has progress.
-INFORMATIONAL = frozenset(
-    {"message.delta", "tool.call", "tool.result", "usage", "run.child_created", "run.child_finished"}
-)
+INFORMATIONAL = PROGRESS_EVENTS
 
 EVENT_TYPES = frozenset({"run.queued", *EVENT_TARGET, *INFORMATIONAL})
 
-STATUSES = (*NON_TERMINAL, *TERMINAL)
-assert set(ACTIVE) <= set(NON_TERMINAL)
+
+@dataclass(frozen=True)
+class Lease:
+    """Who holds a run, and until when (set by ``run.started``, renewed by heartbeats)."""
+
+    executor_instance_id: str
+    expires_at: datetime | None  # None only in imported history that did not record it
 
 
+def row_changes(
+    event_type: str, data: dict[str, Any], at: datetime, *, lease: Lease | None = None
+) -> dict[str, Any]:
+    """The run-row columns that appending ``event_type`` (with its stored ``data``) at ``at``
+    sets, besides ``status``, ``last_event_seq`` and ``last_event_hash``."""
+    changes: dict[str, Any] = {}
+    if event_type == "run.started":
+        if lease is None:
+            raise ValueError("run.started needs the lease it grants")
+        changes.update(executor_instance_id=lease.executor_instance_id,
+                       lease_expires_at=lease.expires_at, last_heartbeat_at=at, started_at=at)
+    elif event_type == "run.completed":
+        changes["final_message_id"] = data["final_message_id"]
+    elif event_type == "run.failed":
+        changes["error"] = data["error"]
+    elif event_type == "run.interrupted":
+        changes["end_reason"] = data["reason"]
+    if EVENT_TARGET.get(event_type) in TERMINAL:
+        changes["finished_at"] = at
+    return changes
 
 
 def next_status(current: str, event_type: str) -> str:

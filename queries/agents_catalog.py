@@ -67,3 +67,11 @@ def list_agents(session: Session, *, limit: int = DEFAULT_LIMIT, cursor: str | N
     more = len(rows) > limit
     rows = rows[:limit]
     return Page([_agent_dict(a, v) for a, v in rows], encode_cursor(rows[-1][0].id) if more else None)
+
+
+def version_times(session: Session) -> list[tuple[str, int, Any]]:
+    """(agent id, version, created_at) of every agent version, oldest version first."""
+    rows = session.execute(select(AgentVersion.agent_id, AgentVersion.version,
+                                  AgentVersion.created_at)
+                           .order_by(AgentVersion.agent_id, AgentVersion.version)).all()
+    return [tuple(r) for r in rows]

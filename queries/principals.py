@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session
 
 from agentledger.core.schema import ApiToken
 
@@ -19,14 +18,6 @@ class Principal:
     @property
     def sees_everything(self) -> bool:
         return self.role in ("viewer", "admin")
-
-
-def principal_for(session: Session, *, token_hash: str | None = None, token_id: str | None = None):
-    """The live (not revoked) token's principal, or None."""
-    lookup = principal_lookup(token_hash=token_hash, token_id=token_id)
-    if lookup is None:
-        return None
-    return principal_from_row(session.execute(*lookup).one_or_none())
 
 
 def principal_lookup(*, token_hash: str | None = None, token_id: str | None = None):

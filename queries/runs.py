@@ -64,3 +64,8 @@ def list_runs(
         stmt = stmt.where(AgentRun.created_at < filters.created_before)
     return keyset_page(session, stmt, AgentRun.created_at, AgentRun.id, limit=limit,
                        cursor=cursor, to_item=run_summary, scalars=True)
+
+
+def ledger_is_empty(session: Session) -> bool:
+    """True when no run was ever recorded (``python app.py`` seeds demo data then)."""
+    return session.execute(select(AgentRun.id).limit(1)).first() is None

@@ -15,9 +15,6 @@ _lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
 
-PREFIXES = ("sess", "thr", "run", "msg", "tok", "act")
-
-
 def _encode(value: int, length: int) -> str:
     chars = []
     for _ in range(length):
@@ -39,6 +36,3 @@ def new_id(prefix: str) -> str:
         _last_ms, _last_rand = now_ms, rand
     return f"{prefix}_{_encode(now_ms, 10)}{_encode(rand, 16)}"
 
-
-def has_prefix(value: str, prefix: str) -> bool:
-    return isinstance(value, str) and value.startswith(prefix + "_") and len(value) == len(prefix) + 27

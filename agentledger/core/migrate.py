@@ -20,16 +20,25 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database to ``revision``; running it again is a no-op."""
+def _run(url: str, step, revision: str) -> None:
     cfg = alembic_config(url)
     engine = create_engine(normalize_url(url))
     try:
         with engine.begin() as connection:
             cfg.attributes["connection"] = connection
-            command.upgrade(cfg, revision)
+            step(cfg, revision)
     finally:
         engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the database to ``revision``; running it again is a no-op."""
+    _run(url, command.upgrade, revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Take the database back to ``revision`` (for repairs and the migration tests)."""
+    _run(url, command.downgrade, revision)
 
 
 def current_revision(url: str) -> str | None:

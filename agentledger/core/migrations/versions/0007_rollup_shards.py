@@ -18,6 +18,9 @@ run's reason on the run, so the interruption reads need not join each run to its
 Both are (re)built from the runs here when they are empty and ended runs exist (this backfill
 was 0004's; it needs the final keys).
 """
+import bisect
+from datetime import UTC
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -93,19 +96,114 @@ def _add_end_reason() -> None:
 
 
 def _backfill() -> None:
-    """Sum the runs that ended before the rollup existed (a no-op on a new database)."""
-    from agentledger.core.schema import AgentRun
+    """Sum the runs that ended before the rollup existed (a no-op on a new database).
 
+    Frozen with this revision: raw SQL and a copy of the bucket rule as it was here, so later
+    changes to the models or the write path never change what this upgrade does."""
     bind = op.get_bind()
     rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup_hour')).scalar()
-    ended = bind.execute(sa.select(sa.func.count()).select_from(AgentRun.__table__).where(
-        AgentRun.status.in_(('succeeded', 'failed', 'cancelled', 'interrupted')))).scalar()
-    if ended and not rolled_up:
-        from sqlalchemy.orm import Session
+    ended = bind.execute(sa.text(f'SELECT count(*) FROM agent_run WHERE status IN {_ENDED}')).scalar()
+    if not ended or rolled_up:
+        return
+    op.execute(sa.text('DELETE FROM agent_outcome_rollup'))
+    runs = sa.table('agent_run', sa.column('id'), sa.column('agent_id'),
+                    sa.column('agent_version'), sa.column('status'),
+                    *(sa.column(c, sa.DateTime(timezone=True))
+                      for c in ('created_at', 'started_at', 'finished_at')))
+    events = sa.table('run_event', sa.column('run_id'), sa.column('seq'), sa.column('type'),
+                      sa.column('data', sa.JSON()))
+    days: dict[tuple, dict] = {}
+    hours: dict[tuple, dict] = {}
+    after = ''
+    while True:
+        chunk = bind.execute(
+            sa.select(runs).where(runs.c.status.in_(_ENDED_LIST), runs.c.id > after)
+            .order_by(runs.c.id).limit(5000)).all()
+        if not chunk:
+            break
+        usage: dict[str, list] = {}
+        for run_id, data in bind.execute(
+            sa.select(events.c.run_id, events.c.data)
+            .where(events.c.run_id.in_([r.id for r in chunk]), events.c.type == 'usage')):
+            usage.setdefault(run_id, []).append(data if isinstance(data, dict) else {})
+        for r in chunk:
+            created = _utc(r.created_at)
+            started = _utc(r.started_at) if r.started_at is not None else None
+            finished = _utc(r.finished_at) if r.finished_at is not None else created
+            for rows, period in ((days, created.date()),
+                                 (hours, created.replace(minute=0, second=0, microsecond=0))):
+                row = rows.setdefault((r.agent_id, r.agent_version, period, r.status), _new_row())
+                _add(row, started, finished, created, usage.get(r.id, ()))
+        after = chunk[-1].id
+    _insert('agent_outcome_rollup', 'day', days, sa.Date())
+    _insert('agent_outcome_rollup_hour', 'hour', hours, sa.DateTime(timezone=True))
 
-        from ingest.rollup import rebuild_rollup
 
-        rebuild_rollup(Session(bind=bind))
+_ENDED_LIST = ('succeeded', 'failed', 'cancelled', 'interrupted')
+_ENDED = "('succeeded', 'failed', 'cancelled', 'interrupted')"
+_SUMS = ('runs', 'latency_n', 'latency_sum', 'wait_n', 'wait_sum', 'input_tokens',
+         'output_tokens', 'cost_usd')
+# The histogram's bucket rule at this revision: bucket 0 below 10 ms, then edges growing by 2^(1/3).
+_FIRST_EDGE, _RATIO = 0.01, 2 ** (1 / 3)
+_EDGES = tuple(_FIRST_EDGE * _RATIO**i for i in range(BUCKETS - 1))
+
+
+def _bucket(seconds: float) -> int:
+    return bisect.bisect_right(_EDGES, seconds)
+
+
+def _utc(moment):
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _new_row() -> dict:
+    row: dict = dict.fromkeys(_SUMS, 0)
+    row.update(latency_min=None, latency_max=None, wait_min=None, wait_max=None,
+               latency_h={}, wait_h={})
+    return row
+
+
+def _add(row: dict, started, finished, created, usage) -> None:
+    row['runs'] += 1
+    for d in usage:
+        row['input_tokens'] += int(d.get('input_tokens') or 0)
+        row['output_tokens'] += int(d.get('output_tokens') or 0)
+        row['cost_usd'] += float(d.get('cost_usd') or 0)
+    if started is None:
+        return
+    for name, value in (('latency', (finished - started).total_seconds()),
+                        ('wait', (started - created).total_seconds())):
+        row[f'{name}_n'] += 1
+        row[f'{name}_sum'] += value
+        low, high = row[f'{name}_min'], row[f'{name}_max']
+        row[f'{name}_min'] = value if low is None or value < low else low
+        row[f'{name}_max'] = value if high is None or value > high else high
+        histogram = row[f'{name}_h']
+        histogram[_bucket(value)] = histogram.get(_bucket(value), 0) + 1
+
+
+def _insert(table_name: str, period: str, rows: dict, period_type) -> None:
+    if not rows:
+        return
+    buckets = [f'{p}_h{i:02d}' for p in ('latency', 'wait') for i in range(BUCKETS)]
+    columns = ['agent_id', 'agent_version', period, 'status', 'shard', *_SUMS,
+               'latency_min', 'latency_max', 'wait_min', 'wait_max', *buckets]
+    table = sa.table(table_name, *(sa.column(c, period_type) if c == period else sa.column(c)
+                                   for c in columns))
+    values = []
+    for (agent_id, version, when, status), row in sorted(rows.items()):
+        if period == 'hour' and op.get_bind().dialect.name == 'sqlite':
+            when = when.replace(tzinfo=None)  # naive UTC text, as the models store it
+        item = {'agent_id': agent_id, 'agent_version': version, period: when, 'status': status,
+                'shard': 0, **{c: row[c] for c in _SUMS}}
+        item.update({c: row[c] for c in ('latency_min', 'latency_max', 'wait_min', 'wait_max')})
+        for p in ('latency', 'wait'):
+            item.update({f'{p}_h{i:02d}': row[f'{p}_h'].get(i, 0) for i in range(BUCKETS)})
+        item['latency_sum'], item['wait_sum'] = float(item['latency_sum']), float(item['wait_sum'])
+        item['cost_usd'] = float(item['cost_usd'])
+        values.append(item)
+    for i in range(0, len(values), 500):
+        op.get_bind().execute(sa.insert(table), values[i:i + 500])
 
 
 def downgrade() -> None:
@@ -116,10 +214,8 @@ def downgrade() -> None:
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
     op.drop_table('agent_outcome_rollup_hour')
     # Fold the shards into one row per key first: no ended run may drop out of the counts.
-    from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
-
-    sums = ['runs', 'latency_n', 'latency_sum', 'wait_n', 'wait_sum', 'input_tokens',
-            'output_tokens', 'cost_usd', *LATENCY_COLUMNS, *WAIT_COLUMNS]
+    buckets = [f'{p}_h{i:02d}' for p in ('latency', 'wait') for i in range(BUCKETS)]
+    sums = [*_SUMS, *buckets]
     lows, highs = ['latency_min', 'wait_min'], ['latency_max', 'wait_max']
     columns = [*KEY, *sums, *lows, *highs]
     merged = ', '.join([*KEY, *(f'sum({c}) AS {c}' for c in sums),

@@ -1,0 +1,77 @@
+"""Migrations on real databases: the state machine's ground held by the database itself, and an
+old database upgraded with its history (the frozen backfill equals a scan of the runs)."""
+
+from __future__ import annotations
+
+import random
+
+import history as h
+import pytest
+import sqlalchemy as sa
+from rollup_checks import assert_rollup_matches_scan
+from sqlalchemy.exc import DBAPIError
+from test_outcome_rollup import random_lifecycles
+
+from agentledger.core.migrate import current_revision, downgrade, upgrade
+
+
+def _one_run(db) -> str:
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    return h.ask(db, chat, "q", owner="alice", when=h.T0).run_id
+
+
+def _raw(db_url: str, sql: str, **params) -> None:
+    from agentledger.core.database import normalize_url
+
+    engine = sa.create_engine(normalize_url(db_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(sql), params)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("status", ["done", "", "QUEUED"])
+def test_the_database_refuses_a_status_outside_the_seven(db, db_url, status):
+    run_id = _one_run(db)
+    with pytest.raises(DBAPIError):
+        _raw(db_url, "UPDATE agent_run SET status = :s, last_event_seq = last_event_seq + 1 "
+             "WHERE id = :id", s=status, id=run_id)
+    with pytest.raises(DBAPIError):
+        _raw(db_url, "INSERT INTO agent_run (id, thread_id, root_run_id, owner_id, agent_id, "
+             "agent_version, status, agent_execution_snapshot, context_pack_snapshot, "
+             "last_event_seq, last_event_hash, created_at) SELECT 'run_x', thread_id, 'run_x', "
+             "owner_id, agent_id, agent_version, :s, agent_execution_snapshot, "
+             "context_pack_snapshot, 0, last_event_hash, created_at FROM agent_run WHERE id = :id",
+             s=status, id=run_id)
+    with db.read() as s:
+        assert s.execute(sa.text("SELECT status FROM agent_run")).scalars().all() == ["queued"]
+
+
+def test_a_status_change_without_its_event_is_refused(db, db_url):
+    run_id = _one_run(db)
+    for sql in ("UPDATE agent_run SET status = 'succeeded' WHERE id = :id",
+                "UPDATE agent_run SET status = 'running', last_event_seq = last_event_seq "
+                "WHERE id = :id",
+                "UPDATE agent_run SET status = 'cancelled', last_event_seq = 0 WHERE id = :id"):
+        with pytest.raises(DBAPIError):
+            _raw(db_url, sql, id=run_id)
+    # other columns may change (leases are renewed without an event), and so may a status
+    # whose statement advances the head
+    _raw(db_url, "UPDATE agent_run SET executor_instance_id = 'w' WHERE id = :id", id=run_id)
+    _raw(db_url, "UPDATE agent_run SET status = 'queued' WHERE id = :id", id=run_id)
+    with db.read() as s:
+        row = s.execute(sa.text("SELECT status, executor_instance_id FROM agent_run")).one()
+    assert tuple(row) == ("queued", "w")
+
+
+def test_an_old_database_upgrades_with_its_history_and_the_backfilled_rollup(db, db_url):
+    random_lifecycles(db, random.Random(11), 30)
+    before = assert_rollup_matches_scan(db)
+    downgrade(db_url, "0006")
+    assert current_revision(db_url) == "0006"
+    upgrade(db_url)
+    assert current_revision(db_url) != "0006"
+    # 0007 rebuilt both rollups from the runs (frozen SQL, not today's write path)
+    assert assert_rollup_matches_scan(db) == before
