@@ -118,7 +118,8 @@ def cmd_serve(args, settings: Settings) -> int:
 def cmd_worker(args, settings: Settings) -> int:
     from agentledger.worker.process import run_worker_process
 
-    return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency)
+    return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency,
+                              api_url=args.api, token=args.token)
 
 
 def cmd_reconcile(args, settings: Settings) -> int:
@@ -158,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stable id of this executor; runs it left unfinished are interrupted "
                         "(service_restart) when it starts again")
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--api", default=None, metavar="URL",
+                   help="execute runs through this ledger server's executor routes, without "
+                        "database access (needs --token)")
+    p.add_argument("--token", default=None, help="an executor token of the --api server")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("reconcile", help="interrupt runs whose lease expired or whose parent ended")
