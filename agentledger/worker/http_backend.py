@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from agentledger.client import ApiError, ExecutorClient
-from agentledger.core.errors import LedgerError
+from agentledger.core.errors import LedgerError, NotFound
 from agentledger.worker.backends import PollingNotifier, RunState
 from ingest.events import AppendResult
 from ingest.leases import ClaimedRun, Heartbeat
@@ -39,6 +39,13 @@ def _ledger_errors() -> dict[str, type[LedgerError]]:
 _BY_CODE = _ledger_errors()
 
 
+class LedgerUnreachable(LedgerError):
+    """No usable answer from the server (after the client's retries): the executor drops the
+    run rather than fail it on a guess; the server's reconciler ends it at lease expiry."""
+
+    status, code = 503, "ledger_unreachable"
+
+
 @contextmanager
 def _as_ledger_errors() -> Iterator[None]:
     try:
@@ -46,7 +53,7 @@ def _as_ledger_errors() -> Iterator[None]:
     except ApiError as exc:
         cls = _BY_CODE.get(exc.code)
         if cls is None or exc.status is None:
-            raise
+            raise LedgerUnreachable(str(exc)) from exc
         raise cls(exc.message) from exc
 
 
@@ -94,11 +101,10 @@ class HttpBackend:
         states = {}
         for run_id in run_ids:
             try:
-                run = self.client.get_run(run_id)
-            except ApiError as exc:
-                if exc.code == "not_found":
-                    continue
-                raise
+                with _as_ledger_errors():
+                    run = self.client.get_run(run_id)
+            except NotFound:
+                continue
             states[run_id] = RunState(run["status"], run["executor_instance_id"],
                                       run["final_message_id"])
         return states
