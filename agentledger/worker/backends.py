@@ -46,7 +46,8 @@ class Notifier(Protocol):
 
 
 class ExecutorBackend(Protocol):
-    notifier: Notifier
+    @property
+    def notifier(self) -> Notifier: ...
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]: ...
     def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat: ...

@@ -79,7 +79,7 @@ class Executor:
         if backend is None:
             assert db is not None, "an executor needs a database or a backend"
             backend = DatabaseBackend(db, instance_id, notifier)
-        self.backend = backend
+        self.backend: ExecutorBackend = backend
         self.notifier = backend.notifier
         self._slots = threading.Condition()
         self._busy = 0
