@@ -112,13 +112,14 @@ def cmd_serve(args, settings: Settings) -> int:
 
     return serve(settings, host=args.host, port=args.port, run_worker=not args.no_worker,
                  demo=args.demo, workers=args.workers, threads=args.threads,
-                 concurrency=args.concurrency)
+                 concurrency=args.concurrency, run_reconciler=not args.no_reconciler)
 
 
 def cmd_worker(args, settings: Settings) -> int:
     from agentledger.worker.process import run_worker_process
 
-    return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency)
+    return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency,
+                              api_url=args.api, token=args.token)
 
 
 def cmd_reconcile(args, settings: Settings) -> int:
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--no-worker", action="store_true", help="do not execute runs in this process")
+    p.add_argument("--no-reconciler", action="store_true",
+                   help="do not reconcile expired leases in this process")
     p.add_argument("--demo", action="store_true", help="seed demo data when the database is empty")
     p.add_argument("--workers", type=int, default=1, help="HTTP worker processes (gunicorn)")
     p.add_argument("--threads", type=int, default=128,
@@ -158,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stable id of this executor; runs it left unfinished are interrupted "
                         "(service_restart) when it starts again")
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--api", default=None, metavar="URL",
+                   help="execute runs through this ledger server's executor routes, without "
+                        "database access (needs --token)")
+    p.add_argument("--token", default=None, help="an executor token of the --api server")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("reconcile", help="interrupt runs whose lease expired or whose parent ended")

@@ -52,10 +52,11 @@ def _admin_login_link(settings: Settings, base_url: str) -> str:
 
 class _Gunicorn(BaseApplication):
     def __init__(self, settings: Settings, options: dict, *, run_worker: bool, port: int,
-                 concurrency: int):
+                 concurrency: int, run_reconciler: bool = True):
         self.settings = settings
         self.options = options
         self.run_worker = run_worker
+        self.run_reconciler = run_reconciler
         self.port = port
         self.concurrency = concurrency
         super().__init__()
@@ -80,32 +81,43 @@ class _Gunicorn(BaseApplication):
 
     def _post_worker_init(self, worker) -> None:
         tune_for_long_running_process()
-        if not self.run_worker:
-            return
         from agentledger.worker.executor import Executor
         from agentledger.worker.reconciler_loop import ReconcilerThread
 
         state = worker.wsgi.extensions["agentledger"]
+        if not self.run_worker:
+            # Runs executed elsewhere (workers over the database or over --api) still need
+            # their leases watched: a server reconciles unless told not to.
+            if self.run_reconciler:
+                reconciler = ReconcilerThread(state.db, self.settings)
+                reconciler.start()
+                worker.agentledger_background = (None, reconciler)
+            return
         slot = getattr(worker, "agentledger_slot", 0)
         instance_id = f"serve-{socket.gethostname()}-{self.port}-{slot}"
         executor = Executor(state.db, self.settings, instance_id=instance_id,
                             concurrency=self.concurrency,
                             notifier=state.notifier)
         executor.start()
-        reconciler = ReconcilerThread(state.db, self.settings)
-        reconciler.start()
+        reconciler = None
+        if self.run_reconciler:
+            reconciler = ReconcilerThread(state.db, self.settings)
+            reconciler.start()
         worker.agentledger_background = (executor, reconciler)
 
     def _worker_exit(self, server, worker) -> None:
         background = getattr(worker, "agentledger_background", None)
         if background:
             executor, reconciler = background
-            reconciler.stop()
-            executor.stop(reason="executor_shutdown")
+            if reconciler is not None:
+                reconciler.stop()
+            if executor is not None:
+                executor.stop(reason="executor_shutdown")
 
 
 def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, demo: bool = False,
-          workers: int = 1, threads: int = 128, concurrency: int = 4) -> int:
+          workers: int = 1, threads: int = 128, concurrency: int = 4,
+          run_reconciler: bool = True) -> int:
     from agentledger.core.migrate import upgrade
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -131,7 +143,8 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, 
         "errorlog": "-",
         "loglevel": "info",
     }
-    _Gunicorn(settings, options, run_worker=run_worker, port=port, concurrency=concurrency).run()
+    _Gunicorn(settings, options, run_worker=run_worker, port=port, concurrency=concurrency,
+              run_reconciler=run_reconciler).run()
     return 0
 
 

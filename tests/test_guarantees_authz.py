@@ -14,6 +14,11 @@ document's ``x-roles`` and the rules of CONTRACT §5/§6:
   documented 409: the role and owner checks passed, the state machine refused);
 - Dash callbacks: anonymous → 401, user/executor → 403, viewer/admin → 200/204.
 
+An ``executor`` reads only what following its delegated children needs: any run
+(``GET /api/agent-runs/{id}``) and its events (JSON and SSE), besides the agent catalogue and
+its own routes; ``test_an_executor_reads_runs_and_their_events_and_nothing_else`` pins that
+list, and the matrix checks that it may read the runs of every owner.
+
 Mass assignment: bodies carrying fields the server owns are refused with 422 and nothing is
 written; free-form event ``data`` naming ``seq``/``owner_id``/``status`` is stored as data and
 changes nothing of the run.
@@ -195,6 +200,32 @@ def test_api_matrix_matches_the_documented_table(world):
     print(f"[authz api {db.dialect}] {counted} cells, {len(mismatches)} mismatches")
     assert counted > 300
     assert mismatches == []
+
+
+EXECUTOR_OPERATIONS = {
+    ("GET", "/api/agent-runs/{run_id}"), ("GET", "/api/agent-runs/{run_id}/events"),
+    ("GET", "/api/agents"), ("GET", "/api/agents/{agent_id}"),
+    ("POST", "/api/executor/claim"), ("POST", "/api/executor/runs/{run_id}/heartbeat"),
+    ("POST", "/api/executor/runs/{run_id}/events"), ("POST", "/api/executor/runs/{run_id}/children"),
+}
+
+
+def test_an_executor_reads_runs_and_their_events_and_nothing_else(world):
+    spec = world["http"].request("GET", "/api/openapi.json").json()
+    allowed = {(method.upper(), path) for path, item in spec["paths"].items()
+               for method, op in item.items() if "executor" in (op.get("x-roles") or ())}
+    assert allowed == EXECUTOR_OPERATIONS
+    http, ex, objects = world["http"], world["tokens"]["executor"], world["objects"]
+    # any owner's run, a child included, as JSON and as a stream
+    for target in ("a", "b", "a_child"):
+        run_id = objects["run_id"][target]
+        assert http.request("GET", f"/api/agent-runs/{run_id}", token=ex).json()["id"] == run_id
+        page = http.request("GET", f"/api/agent-runs/{run_id}/events", token=ex).json()
+        assert page["terminal"] is True and page["events"][-1]["type"] == "run.completed"
+    for path in ("/api/agent-runs", "/api/sessions", f"/api/agent-runs/{objects['run_id']['a']}/tree",
+                 f"/api/messages/{objects['message_id']['a']}/provenance",
+                 f"/api/sessions/{objects['session_id']['a']}/messages"):
+        assert http.request("GET", path, token=ex).status == 403, path
 
 
 # ---- the Dash matrix --------------------------------------------------------------------------

@@ -12,9 +12,10 @@ def principal():
 
 
 def owner_scope() -> str | None:
-    """The owner whose objects the caller is limited to (None for viewers and admins)."""
+    """The owner whose objects the caller is limited to (None for viewers and admins, and for
+    executors, which reach only the run routes that let them follow any run)."""
     p = g.principal
-    return None if p.sees_everything else p.owner_id
+    return None if p.sees_everything or p.role == "executor" else p.owner_id
 
 
 def read_one(query, *args, **kwargs):

@@ -11,6 +11,7 @@ from agentledger.api.requests import EventsQuery, RunListQuery
 from agentledger.api.responses import CancelOut, EventsOut, ProvenanceOut, RunList, RunOut, TreeOut
 from agentledger.api.stream import event_stream_response, wants_event_stream
 from agentledger.core.errors import NotAnAssistantMessage, NotFound
+from agentledger.core.vocabulary import RUN_FOLLOWER_ROLES
 from ingest.admin_log import record
 from ingest.cancel import request_cancel
 from queries.provenance import UserMessage, message_provenance
@@ -22,7 +23,7 @@ SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
 
 
 @api.route("/agent-runs/<run_id>", "GET", summary="One run: status, snapshots, lease, timing",
-           roles=READERS, responses={200: RunOut}, errors=(404,), tag="runs")
+           roles=RUN_FOLLOWER_ROLES, responses={200: RunOut}, errors=(404,), tag="runs")
 def runs_detail(run_id: str):
     run = read_one(get_run, run_id, visible_to=owner_scope())
     if run is None:
@@ -45,7 +46,7 @@ def runs_index(query: RunListQuery):
 
 @api.route("/agent-runs/<run_id>/events", "GET",
            summary="The run's events: JSON pages, or Server-Sent Events with Accept: text/event-stream",
-           roles=READERS, query=EventsQuery, responses={200: EventsOut, 204: None},
+           roles=RUN_FOLLOWER_ROLES, query=EventsQuery, responses={200: EventsOut, 204: None},
            errors=(404,), tag="runs", extra_content=SSE_CONTENT,
            headers={"Last-Event-ID": "SSE: resume after this seq"})
 def runs_events(run_id: str, query: EventsQuery):

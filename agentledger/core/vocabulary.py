@@ -32,6 +32,9 @@ ROLES: tuple[str, ...] = get_args(Role)
 # Who may read through the API (their own objects for ``user``), and who may write.
 READER_ROLES: tuple[str, ...] = ("user", "viewer", "admin")
 WRITER_ROLES: tuple[str, ...] = ("user", "admin")
+# Who may read a run and its events: the readers, and executors, which follow the children they
+# delegated (any run; they read nothing else of the API).
+RUN_FOLLOWER_ROLES: tuple[str, ...] = (*READER_ROLES, "executor")
 # Who may open the dashboards and their JSON twins.
 DASHBOARD_ROLES: tuple[str, ...] = ("viewer", "admin")
 

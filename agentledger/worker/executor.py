@@ -8,7 +8,9 @@
   executor appends exactly one ``run.cancelled``) or was ended by someone else (the run is
   dropped; nothing more is written for it).
 - Every write goes through ``ingest`` with this executor's instance id, so a write after the
-  lease was lost is refused by the database transaction, never half-applied.
+  lease was lost is refused by the database transaction, never half-applied. Where the writes
+  and reads go is the executor's backend (``worker.backends``): the database in-process, or a
+  ledger server's executor routes (``worker.http_backend``, for ``agentledger worker --api``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-
-from sqlalchemy import select
 
 from agentledger.agent_kinds import (
     AgentFailed,
@@ -41,12 +41,9 @@ from agentledger.core.errors import (
     ValidationFailed,
 )
 from agentledger.core.notifier import EventNotifier
-from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import TERMINAL
-from ingest.events import append_events
-from ingest.leases import ClaimedRun, claim_runs, heartbeat
-from ingest.reconcile import interrupt_executor_runs
-from ingest.runs import create_child_run
+from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
+from ingest.leases import ClaimedRun
 
 log = logging.getLogger("agentledger.executor")
 
@@ -70,18 +67,20 @@ class _Active:
 
 
 class Executor:
-    def __init__(self, db: Database, settings: Settings, *, instance_id: str, concurrency: int = 4,
-                 notifier: EventNotifier | None = None):
+    def __init__(self, db: Database | None, settings: Settings, *, instance_id: str,
+                 concurrency: int = 4, notifier: EventNotifier | None = None,
+                 backend: ExecutorBackend | None = None):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.db = db
         self.settings = settings
         self.instance_id = instance_id
         self.concurrency = concurrency
-        if notifier is None:
-            notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
-            db.add_notification_listener(notifier.signal)
-        self.notifier = notifier
+        if backend is None:
+            assert db is not None, "an executor needs a database or a backend"
+            backend = DatabaseBackend(db, instance_id, notifier)
+        self.backend: ExecutorBackend = backend
+        self.notifier = backend.notifier
         self._slots = threading.Condition()
         self._busy = 0
         self._resuming = 0
@@ -95,8 +94,7 @@ class Executor:
 
     def start(self) -> list[str]:
         """Interrupt what a previous incarnation of this instance left, then start working."""
-        with self.db.write() as s:
-            leftovers = interrupt_executor_runs(s, self.instance_id, reason="service_restart")
+        leftovers = self.backend.interrupt_held("service_restart", [])
         if leftovers:
             log.warning("%s: interrupted %d run(s) left by a previous start (service_restart)",
                         self.instance_id, len(leftovers))
@@ -117,10 +115,10 @@ class Executor:
         for thread in self._threads:
             thread.join(timeout)
         with self._active_lock:
+            held = list(self._active)
             for active in self._active.values():
                 active.dropped.set()
-        with self.db.write() as s:
-            ended = interrupt_executor_runs(s, self.instance_id, reason=reason)
+        ended = self.backend.interrupt_held(reason, held)
         if ended:
             log.warning("%s: stopping; interrupted %d run(s) (%s)", self.instance_id, len(ended), reason)
         return ended
@@ -167,9 +165,7 @@ class Executor:
                 continue
             seen = self.notifier.queue_generation()
             try:
-                with self.db.write() as s:
-                    claimed = claim_runs(s, self.instance_id, max_runs=reserved,
-                                         lease_seconds=self.settings.lease_seconds)
+                claimed = self.backend.claim(reserved, self.settings.lease_seconds)
             except Exception:  # noqa: BLE001 - keep claiming after a database hiccup
                 log.exception("claim failed; retrying")
                 claimed = []
@@ -249,8 +245,7 @@ class Executor:
             self._append(active, [("run.cancelled", {"external_stop_confirmed": True})])
 
     def _append(self, active: _Active, events: list[tuple[str, dict]]):
-        with self.db.write() as s:
-            result = append_events(s, active.run_id, events, executor_instance_id=self.instance_id)
+        result = self.backend.append(active.run_id, events)
         if result.cancel_requested:
             active.cancel.set()
         return result
@@ -289,13 +284,8 @@ class Executor:
     def delegate(self, run_id: str, children: list[dict[str, str]]) -> list[dict]:
         active = self._active_for(run_id)
         self._check(active)
-        child_ids = []
         try:
-            with self.db.write() as s:
-                for child in children:
-                    child_ids.append(create_child_run(s, run_id, agent_id=child["agent_id"],
-                                                      input=child.get("input", ""),
-                                                      executor_instance_id=self.instance_id))
+            child_ids = self.backend.create_children(run_id, children)
         except IllegalTransition:
             # With our lease still valid, the only refusal is a parent that is being cancelled
             # (the cancel came after the last check): confirm it, no child was created.
@@ -316,13 +306,9 @@ class Executor:
             while True:
                 self._check(active)
                 seen = self.notifier.generation(key)
-                with self.db.read() as s:
-                    rows = s.execute(
-                        select(AgentRun.id, AgentRun.status, AgentRun.final_message_id)
-                        .where(AgentRun.id.in_(child_ids))
-                    ).all()
-                if all(r.status in TERMINAL for r in rows):
-                    by_id = {r.id: r for r in rows}
+                by_id = self.backend.run_states(child_ids)
+                if len(by_id) == len(set(child_ids)) and all(
+                        r.status in TERMINAL for r in by_id.values()):
                     return [{"run_id": c, "status": by_id[c].status,
                              "final_message_id": by_id[c].final_message_id} for c in child_ids]
                 self.notifier.wait(key, seen, MONITOR_PERIOD)
@@ -344,12 +330,7 @@ class Executor:
                 log.exception("lease monitor pass failed")
 
     def _poll_statuses(self, actives: list[_Active]) -> None:
-        with self.db.read() as s:
-            rows = s.execute(
-                select(AgentRun.id, AgentRun.status, AgentRun.executor_instance_id)
-                .where(AgentRun.id.in_([a.run_id for a in actives]))
-            ).all()
-        status = {r.id: r for r in rows}
+        status = self.backend.run_states([a.run_id for a in actives])
         for active in actives:
             row = status.get(active.run_id)
             if row is None or row.status in TERMINAL or row.executor_instance_id != self.instance_id:
@@ -364,9 +345,7 @@ class Executor:
                     or now - active.last_heartbeat < self.settings.heartbeat_seconds):
                 continue
             try:
-                with self.db.write() as s:
-                    beat = heartbeat(s, active.run_id, self.instance_id,
-                                     lease_seconds=self.settings.lease_seconds)
+                beat = self.backend.heartbeat(active.run_id, self.settings.lease_seconds)
                 active.last_heartbeat = now
                 if beat.cancel_requested:
                     active.cancel.set()

@@ -1,4 +1,6 @@
-"""``agentledger worker``: a standalone executor process with its own reconciler."""
+"""``agentledger worker``: a standalone executor process with its own reconciler, or, with
+``--api URL --token TOKEN``, one that executes runs through a ledger server's executor routes and
+never opens the database (the server's reconciler then watches its leases)."""
 
 from __future__ import annotations
 
@@ -21,10 +23,14 @@ def default_instance_id() -> str:
     return f"worker-{socket.gethostname()}-{os.getpid()}"
 
 
-def run_worker_process(settings: Settings, *, instance_id: str | None, concurrency: int) -> int:
+def run_worker_process(settings: Settings, *, instance_id: str | None, concurrency: int,
+                       api_url: str | None = None, token: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
+    if api_url is not None or token is not None:
+        return _run_remote_worker(settings, instance_id=instance_id, concurrency=concurrency,
+                                  api_url=api_url, token=token)
     upgrade(settings.database_url)
     db = Database.from_settings(settings)
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
@@ -55,4 +61,18 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
         print(f"worker {executor.instance_id} stopped; {len(ended)} run(s) interrupted "
               "(executor_shutdown)", flush=True)
         db.dispose()
+    return 0
+
+
+def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurrency: int,
+                       api_url: str | None, token: str | None) -> int:
+    from agentledger.client import ExecutorClient
+
+    if not api_url or not token:
+        raise SystemExit("--api and --token go together (an executor token for that server)")
+    if not api_url.startswith(("http://", "https://")):
+        raise SystemExit(f"--api must be an http:// or https:// URL, got {api_url!r}")
+    tune_for_long_running_process()
+    with ExecutorClient(api_url, token, instance_id or default_instance_id()) as client:
+        client.run_forever(concurrency, settings=settings)
     return 0

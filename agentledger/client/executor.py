@@ -1,0 +1,117 @@
+"""``ExecutorClient``: the executor routes of a ledger server, and a worker built on them."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+
+from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport
+
+log = logging.getLogger("agentledger.client")
+
+
+class ExecutorClient:
+    """``ExecutorClient(base_url, token, instance_id)`` with an ``executor`` token.
+
+    The executor routes carry no idempotency key, so only what repeats harmlessly is retried
+    after an unclear failure (a heartbeat, reads); a claim, an append or a child is retried only
+    when the request never reached the server (see ``agentledger.client.transport``).
+    """
+
+    def __init__(self, base_url: str, token: str, instance_id: str, *,
+                 timeout: float | httpx.Timeout | None = None, retry: RetryPolicy | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        self._http = Transport(base_url, token, timeout=timeout, retry=retry, transport=transport)
+        self.base_url = self._http.base_url
+        self.instance_id = instance_id
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ExecutorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _post(self, path: str, body: dict, retry: str) -> Any:
+        return self._http.request("POST", path, json=body, retry=retry).json()
+
+    # ---- the executor routes -------------------------------------------------------------
+
+    def claim(self, max_runs: int = 1, *, lease_seconds: float | None = None) -> list[dict]:
+        """Lease up to ``max_runs`` queued runs; each ``{"run_id", "thread_id", "input",
+        "agent_execution_snapshot", "context_pack_snapshot", "context", "lease_expires_at", …}``."""
+        body: dict[str, Any] = {"executor_instance_id": self.instance_id, "max_runs": max_runs}
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
+        return self._post("/api/executor/claim", body, UNSENT)["runs"]
+
+    def heartbeat(self, run_id: str) -> dict:
+        """``{"lease_expires_at", "cancel_requested"}``; a lost lease raises ``ApiError`` 409
+        ``lease_lost``."""
+        return self._post(f"/api/executor/runs/{run_id}/heartbeat",
+                          {"executor_instance_id": self.instance_id}, SAFE)
+
+    def append(self, run_id: str, events: Iterable[dict | tuple[str, dict]]) -> dict:
+        """Append ``[{"type", "data"}, …]`` (or ``(type, data)`` pairs), all or nothing;
+        returns ``{"seqs", "cancel_requested"}``."""
+        batch = [e if isinstance(e, dict) else {"type": e[0], "data": e[1]} for e in events]
+        return self._post(f"/api/executor/runs/{run_id}/events",
+                          {"executor_instance_id": self.instance_id, "events": batch}, UNSENT)
+
+    def create_child(self, run_id: str, agent_id: str, input: str) -> dict:
+        """Delegate: a child run of ``run_id``; returns ``{"run_id", "events_url"}``."""
+        return self._post(f"/api/executor/runs/{run_id}/children",
+                          {"executor_instance_id": self.instance_id, "agent_id": agent_id,
+                           "input": input}, UNSENT)
+
+    # ---- what an executor may read: any run and its events -------------------------------
+
+    def get_run(self, run_id: str) -> dict:
+        return self._http.request("GET", f"/api/agent-runs/{run_id}").json()
+
+    def events(self, run_id: str, after_seq: int = 0) -> dict:
+        return self._http.request("GET", f"/api/agent-runs/{run_id}/events",
+                                  params={"after_seq": after_seq}).json()
+
+    # ---- a worker ------------------------------------------------------------------------
+
+    def run_forever(self, concurrency: int = 4, *, settings=None,
+                    stop: threading.Event | None = None) -> list[str]:
+        """Execute claimed runs with the installed agent kinds, exactly as ``agentledger worker``
+        does (heartbeats, cancel within a second), until SIGTERM/SIGINT (when called from the
+        main thread) or ``stop`` is set; then end the runs still held ``interrupted``
+        (``executor_shutdown``) and return their ids. ``settings`` (lease and heartbeat
+        seconds) default to the ``AGENTLEDGER_*`` environment."""
+        from agentledger.core.config import Settings
+        from agentledger.worker.executor import Executor
+        from agentledger.worker.http_backend import HttpBackend
+
+        settings = settings or Settings.from_env()
+        done = stop or threading.Event()
+        executor = Executor(None, settings, instance_id=self.instance_id, concurrency=concurrency,
+                            backend=HttpBackend(self))
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, lambda *_: done.set())
+        try:
+            executor.start()
+            log.info("worker %s executing up to %d run(s) from %s; lease %gs, heartbeat %gs",
+                     self.instance_id, concurrency, self.base_url, settings.lease_seconds,
+                     settings.heartbeat_seconds)
+            while not done.wait(0.5):
+                pass
+        finally:
+            ended = executor.stop(reason="executor_shutdown")
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            log.info("worker %s stopped; %d run(s) interrupted (executor_shutdown)",
+                     self.instance_id, len(ended))
+        return ended

@@ -1,0 +1,148 @@
+"""Where an executor's writes and reads go: the ledger's database, or a ledger server over HTTP.
+
+``Executor`` talks to one ``ExecutorBackend``: claim, heartbeat, append, create children, read
+run states (its own runs' status and owner, its children's status and answer), interrupt what it
+holds, and a ``notifier`` to wait on for wake-ups. ``DatabaseBackend`` calls ``ingest`` in
+short transactions and is woken by the database's notifications; ``HttpBackend``
+(``agentledger.worker.http_backend``) calls the executor routes and polls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import select
+
+from agentledger.core.database import Database
+from agentledger.core.notifier import EventNotifier
+from agentledger.core.schema import AgentRun
+from ingest.events import AppendResult, append_events
+from ingest.leases import ClaimedRun, Heartbeat, claim_runs, heartbeat
+from ingest.reconcile import interrupt_executor_runs
+from ingest.runs import create_child_run
+
+
+@dataclass(frozen=True)
+class RunState:
+    status: str
+    executor_instance_id: str | None
+    final_message_id: str | None
+
+
+class Notifier(Protocol):
+    """The part of ``EventNotifier`` an executor waits on."""
+
+    def signal(self, channel: str, payload: str) -> None: ...
+    def queue_generation(self) -> int: ...
+    def wait_for_queue(self, seen: int, timeout: float) -> int: ...
+    def subscribe(self, key: str) -> None: ...
+    def unsubscribe(self, key: str) -> None: ...
+    def generation(self, key: str) -> int: ...
+    def wait(self, key: str, seen: int, timeout: float) -> int: ...
+    def stop(self) -> None: ...
+
+
+class ExecutorBackend(Protocol):
+    @property
+    def notifier(self) -> Notifier: ...
+
+    def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]: ...
+    def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat: ...
+    def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult: ...
+    def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]: ...
+    def run_states(self, run_ids: list[str]) -> dict[str, RunState]: ...
+    def interrupt_held(self, reason: str, held: list[str]) -> list[str]: ...
+
+
+class DatabaseBackend:
+    """The executor in a process with the ledger's database: ``ingest`` in short transactions."""
+
+    def __init__(self, db: Database, instance_id: str, notifier: EventNotifier | None = None):
+        self.db = db
+        self.instance_id = instance_id
+        if notifier is None:
+            notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
+            db.add_notification_listener(notifier.signal)
+        self.notifier = notifier
+
+    def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:
+        with self.db.write() as s:
+            return claim_runs(s, self.instance_id, max_runs=max_runs, lease_seconds=lease_seconds)
+
+    def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat:
+        with self.db.write() as s:
+            return heartbeat(s, run_id, self.instance_id, lease_seconds=lease_seconds)
+
+    def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
+        with self.db.write() as s:
+            return append_events(s, run_id, events, executor_instance_id=self.instance_id)
+
+    def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]:
+        """All the children in one transaction, or none."""
+        with self.db.write() as s:
+            return [create_child_run(s, run_id, agent_id=c["agent_id"], input=c.get("input", ""),
+                                     executor_instance_id=self.instance_id) for c in children]
+
+    def run_states(self, run_ids: list[str]) -> dict[str, RunState]:
+        with self.db.read() as s:
+            rows = s.execute(
+                select(AgentRun.id, AgentRun.status, AgentRun.executor_instance_id,
+                       AgentRun.final_message_id).where(AgentRun.id.in_(run_ids))
+            ).all()
+        return {r.id: RunState(r.status, r.executor_instance_id, r.final_message_id) for r in rows}
+
+    def interrupt_held(self, reason: str, held: list[str]) -> list[str]:
+        """Every unfinished run leased to this instance (``held`` or not: also those a previous
+        incarnation of it left)."""
+        with self.db.write() as s:
+            return interrupt_executor_runs(s, self.instance_id, reason=reason)
+
+
+class PollingNotifier:
+    """A notifier without a database: waits end on ``signal`` (a stopping executor) or after
+    ``poll_seconds``, so that an executor over HTTP polls at that pace."""
+
+    def __init__(self, poll_seconds: float = 0.5):
+        self.poll_seconds = poll_seconds
+        self._changed = threading.Condition()
+        self._generation = 0
+
+    def signal(self, channel: str, payload: str) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _wait(self, seen: int, timeout: float) -> int:
+        deadline = time.monotonic() + max(0.0, min(timeout, self.poll_seconds))
+        with self._changed:
+            while self._generation == seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            return self._generation
+
+    def queue_generation(self) -> int:
+        with self._changed:
+            return self._generation
+
+    def wait_for_queue(self, seen: int, timeout: float) -> int:
+        return self._wait(seen, timeout)
+
+    def subscribe(self, key: str) -> None:
+        pass
+
+    def unsubscribe(self, key: str) -> None:
+        pass
+
+    def generation(self, key: str) -> int:
+        return self.queue_generation()
+
+    def wait(self, key: str, seen: int, timeout: float) -> int:
+        return self._wait(seen, timeout)
+
+    def stop(self) -> None:
+        self.signal("", "stop")

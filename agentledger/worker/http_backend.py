@@ -1,0 +1,125 @@
+"""The executor's backend over a ledger server's executor routes (``agentledger worker --api``).
+
+It needs no database: claims, heartbeats, appends and children go through ``ExecutorClient``;
+the states of held runs and of delegated children are read with ``GET /api/agent-runs/{id}``
+(which an ``executor`` token may read). Error answers come back as the ledger's own exceptions
+(``lease_lost`` → ``LeaseLost``, …), so the executor handles them exactly as in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from agentledger.client import ApiError, ExecutorClient
+from agentledger.core.errors import LedgerError, NotFound
+from agentledger.worker.backends import PollingNotifier, RunState
+from ingest.events import AppendResult
+from ingest.leases import ClaimedRun, Heartbeat
+
+TERMINAL_STATUS = {"run.completed": "succeeded", "run.failed": "failed",
+                   "run.cancelled": "cancelled", "run.interrupted": "interrupted"}
+log = logging.getLogger("agentledger.executor")
+_CLAIMED_FIELDS = {f.name for f in dataclasses.fields(ClaimedRun)}
+
+
+def _ledger_errors() -> dict[str, type[LedgerError]]:
+    found: dict[str, type[LedgerError]] = {}
+    pending = [LedgerError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE = _ledger_errors()
+
+
+class LedgerUnreachable(LedgerError):
+    """No usable answer from the server (after the client's retries): the executor drops the
+    run rather than fail it on a guess; the server's reconciler ends it at lease expiry."""
+
+    status, code = 503, "ledger_unreachable"
+
+
+@contextmanager
+def _as_ledger_errors() -> Iterator[None]:
+    try:
+        yield
+    except ApiError as exc:
+        cls = _BY_CODE.get(exc.code)
+        if cls is None or exc.status is None:
+            raise LedgerUnreachable(str(exc)) from exc
+        raise cls(exc.message) from exc
+
+
+def claimed_run(item: dict) -> ClaimedRun:
+    """A claim answer's run as the executor's ``ClaimedRun`` (fields it does not know of are
+    left out, fields the server did not send keep their defaults)."""
+    values = {k: v for k, v in item.items() if k in _CLAIMED_FIELDS}
+    values["lease_expires_at"] = datetime.fromisoformat(item["lease_expires_at"])
+    values.setdefault("root_run_id", item["run_id"])
+    values.setdefault("parent_run_id", None)
+    values.setdefault("context", [])
+    return ClaimedRun(**values)
+
+
+class HttpBackend:
+    def __init__(self, client: ExecutorClient, *, poll_seconds: float = 0.5):
+        self.client = client
+        self.instance_id = client.instance_id
+        self.notifier = PollingNotifier(poll_seconds)
+
+    def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:
+        with _as_ledger_errors():
+            return [claimed_run(r) for r in self.client.claim(max_runs, lease_seconds=lease_seconds)]
+
+    def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat:
+        with _as_ledger_errors():
+            beat = self.client.heartbeat(run_id)
+        return Heartbeat(datetime.fromisoformat(beat["lease_expires_at"]), beat["cancel_requested"])
+
+    def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
+        with _as_ledger_errors():
+            done = self.client.append(run_id, events)
+        ending = TERMINAL_STATUS.get(events[-1][0]) if events else None
+        status = ending or ("cancelling" if done["cancel_requested"] else "running")
+        return AppendResult(run_id, done["seqs"], status, done["cancel_requested"])
+
+    def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]:
+        """One request per child: a refusal part-way leaves the earlier children, which the
+        parent's cancel (the only refusal while the lease holds) then cancels too."""
+        with _as_ledger_errors():
+            return [self.client.create_child(run_id, c["agent_id"], c.get("input", ""))["run_id"]
+                    for c in children]
+
+    def run_states(self, run_ids: list[str]) -> dict[str, RunState]:
+        states = {}
+        for run_id in run_ids:
+            try:
+                with _as_ledger_errors():
+                    run = self.client.get_run(run_id)
+            except NotFound:
+                continue
+            states[run_id] = RunState(run["status"], run["executor_instance_id"],
+                                      run["final_message_id"])
+        return states
+
+    def interrupt_held(self, reason: str, held: list[str]) -> list[str]:
+        """The runs this executor still holds, ended ``interrupted`` through the events route (a
+        run that ended meanwhile, or whose lease is gone, is skipped). Runs a previous
+        incarnation left are not known here: the server's reconciler ends them at lease expiry."""
+        ended = []
+        for run_id in held:
+            try:
+                self.client.append(run_id, [("run.interrupted", {
+                    "reason": reason, "executor_instance_id": self.instance_id})])
+            except ApiError as exc:
+                log.warning("run %s: could not record %s: %s", run_id, reason, exc)
+                continue
+            ended.append(run_id)
+        return ended
