@@ -19,6 +19,7 @@ from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotF
 from agentledger.core.hashing import (
     GENESIS_HASH,
     canonical_json,
+    context_pack_hash,
     event_hash,
     sha256_hex,
     storable_json,
@@ -119,7 +120,7 @@ def context_pack(items: list[ContextItem]) -> tuple[dict[str, Any], dict[str, st
         entries.append(
             {"id": item.id, "title": item.title, "version": item.version, "sha256": digest}
         )
-    return {"items": entries, "pack_hash": sha256_hex(canonical_json(entries))}, blobs
+    return {"items": entries, "pack_hash": context_pack_hash(entries)}, blobs
 
 
 def _store_blobs(session: Session, blobs: dict[str, str]) -> None:

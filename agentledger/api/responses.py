@@ -170,6 +170,20 @@ class ProvenanceOut(BaseModel):
     session: SessionOut | None
 
 
+class EvidenceOut(Open):
+    """An evidence bundle (docs/evidence.md); served as an attachment."""
+
+    format: str
+    format_version: int
+    agentledger_version: str
+    generated_at: str
+    message: dict[str, Any]
+    session: dict[str, Any] | None
+    root_run_id: str
+    runs: list[dict[str, Any]]
+    heads: dict[str, Any]
+
+
 class ClaimedRunOut(Open):
     run_id: str
     thread_id: str
