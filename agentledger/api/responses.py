@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentledger.core.vocabulary import RunStatus
 
@@ -111,6 +111,9 @@ class RunOut(Open):
     started_at: str | None
     finished_at: str | None
     events_url: str
+    redaction_count: int | None = Field(
+        None, description="admins only, in the run detail: values AGENTLEDGER_REDACT replaced "
+                          "in this run's input, context, events and answer before storing")
 
 
 class RunList(BaseModel):

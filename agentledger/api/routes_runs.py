@@ -35,7 +35,7 @@ SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
 @api.route("/agent-runs/<run_id>", "GET", summary="One run: status, snapshots, lease, timing",
            roles=READERS, responses={200: RunOut}, errors=(404,), tag="runs")
 def runs_detail(run_id: str):
-    run = read_one(get_run, run_id, visible_to=owner_scope())
+    run = read_one(get_run, run_id, visible_to=owner_scope(), admin=principal().role == "admin")
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     return jsonify(run)
