@@ -65,7 +65,8 @@ def test_each_detector_replaces_what_it_is_for(given, kind):
     "2026-12-01T11:13:37.123456Z", "192.168.100.200", "version 1.2.3", "order 12345678",
     "4111 1111 1111 1112",  # fails the Luhn check
     "run_01m8rmqpfz0qw7eecdrg5n8rdc", "msg_01m8rmrwe2k7w95y88r136zr79", "1700000000000",
-    "sk-short", "not an @ address", "price 1,234.56", "ACME-12",
+    "sk-short", "not an @ address", "price 1,234.56", "ACME-12", "+1 2 3", "UTC+05:30",
+    "+12 3456 7890 1234 5678 90",  # more digits than any phone number
 ])
 def test_what_the_detectors_leave_alone(kept):
     assert _redact(kept) == kept

@@ -72,12 +72,16 @@ def _card_check(match: str) -> bool:
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
+def _phone_check(match: str) -> bool:
+    return 7 <= sum(ch.isdigit() for ch in match) <= 15  # E.164 allows at most 15 digits
+
+
 # Order matters: a secret or an email may contain digit runs that look like phones or cards.
 _BUILT_IN = {
     "secret": Rule("secret", _SECRETS),
     "email": Rule("email", _EMAIL),
     "card": Rule("card", _CARD, _card_check),
-    "phone": Rule("phone", _PHONE),
+    "phone": Rule("phone", _PHONE, _phone_check),
 }
 
 
