@@ -75,6 +75,8 @@ def cmd_token_revoke(args, settings: Settings) -> int:
 def cmd_verify(args, settings: Settings) -> int:
     from queries.chain_verification import verify_chains
 
+    if args.bundle:
+        return verify_bundle_command(args.bundle)
     if args.archive:
         from agentledger.archive import verify_archive_command
 
@@ -96,6 +98,26 @@ def cmd_verify(args, settings: Settings) -> int:
     for problem in report.problems:
         print(f"TAMPERED run {problem.run_id} seq {problem.seq}: {problem.problem}")
     verdict = "OK" if report.ok else f"{len(report.problems)} damaged run(s)"
+    print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")
+    return 0 if report.ok else 1
+
+
+def verify_bundle_command(path: str) -> int:
+    """Offline: nothing but the file (no database, no settings)."""
+    import json
+
+    from agentledger.core.evidence_format import verify_bundle
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError) as exc:
+        print(f"agentledger: cannot read evidence bundle {path}: {exc}", file=sys.stderr)
+        return 2
+    report = verify_bundle(doc)
+    for problem in report.problems:
+        print(f"TAMPERED {problem}")
+    verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
     print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")
     return 0 if report.ok else 1
 
@@ -209,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default=None, help="only this run")
     p.add_argument("--archive", default=None, metavar="FILE",
                    help="check an archive file written by agentledger archive instead")
+    p.add_argument("--bundle", default=None, metavar="FILE",
+                   help="check an evidence bundle (GET /api/messages/{id}/evidence) offline")
     p.set_defaults(func=cmd_verify)
     return parser
 

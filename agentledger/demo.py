@@ -166,7 +166,7 @@ def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None
         raise ValueError("runs and days must be at least 1")
     now = now or datetime.now(UTC)
     start = now - timedelta(days=days)
-    db = Database(settings.database_url)
+    db = Database(settings.database_url, redaction_rules=settings.redaction_rules())
     try:
         timeline = _all_versions_registered(db, start, days)
         history = synthetic_history(runs=runs, start=start, days=days, versions=timeline, seed=seed)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
 from agentledger.core.errors import Conflict, NotFound
-from agentledger.core.hashing import canonical_json, sha256_hex, storable_json
+from agentledger.core.hashing import agent_content_hash, storable_json
 from agentledger.core.schema import Agent, AgentVersion
 
 
@@ -25,18 +25,8 @@ class AgentDefinition:
     params: dict[str, Any] = field(default_factory=dict)
 
     def content_hash(self) -> str:
-        return sha256_hex(
-            canonical_json(
-                {
-                    "name": self.name,
-                    "kind": self.kind,
-                    "model": self.model,
-                    "instructions": self.instructions,
-                    "tools": self.tools,
-                    "params": self.params,
-                }
-            )
-        )
+        return agent_content_hash(self.name, self.kind, self.model, self.instructions,
+                                  self.tools, self.params)
 
 
 def _insert_version(session: Session, agent_id: str, version: int, definition: AgentDefinition, now) -> None:

@@ -48,11 +48,13 @@ from agentledger.core.schema import (
 )
 from agentledger.core.vocabulary import TERMINAL
 from ingest.event_types import validated_data
+from ingest.events import NOT_REDACTED
 from ingest.rollup import RollupBatch, RunOutcome, usage_totals
 from ingest.runs import (
     ContextItem,
     context_pack,
     idempotency_key_hash,
+    redacted_context,
     request_checksum,
     snapshot_of,
 )
@@ -128,6 +130,7 @@ _RUN_COLUMNS = (
     "user_message_id", "last_event_seq", "last_event_hash", "executor_instance_id",
     "lease_expires_at", "last_heartbeat_at", "idempotency_key_hash", "request_checksum",
     "final_message_id", "error", "created_at", "started_at", "finished_at", "end_reason",
+    "redaction_count",
 )
 _JSON_RUN_COLUMNS = ("agent_execution_snapshot", "context_pack_snapshot", "error")
 _MESSAGE_COLUMNS = ("id", "session_id", "thread_id", "owner_id", "role", "content", "run_id",
@@ -222,19 +225,28 @@ class BulkImporter:
             session_id, owner = None, run.owner_id
             thread_id = new_id("thr")
             batch.threads.append((thread_id, owner, _aware(run.created_at, f"run {run.id}")))
-        pack, blobs = context_pack(list(run.context))
+        context = list(run.context)
+        redactor = self.db.redactor.for_run()
+        if redactor.active:  # the tree's pack: counted on its root run
+            context = redacted_context(redactor, context)
+        pack, blobs = context_pack(context)
         batch.blobs.update(blobs)
         self._add_run(session, batch, run, session_id=session_id, thread_id=thread_id,
-                      owner=owner, root_id=run.id, parent=None, pack_json=canonical_json(pack))
+                      owner=owner, root_id=run.id, parent=None, pack_json=canonical_json(pack),
+                      redactions=redactor.count)
         batch.root_runs += 1
 
     def _add_run(self, session: Session, batch: _Batch, run: ImportedRun, *, session_id,
-                 thread_id, owner, root_id, parent: ImportedRun | None, pack_json: str) -> None:
+                 thread_id, owner, root_id, parent: ImportedRun | None, pack_json: str,
+                 redactions: int = 0) -> None:
         where = f"run {run.id}"
         created = _aware(run.created_at, where)
         snapshot, snapshot_json = self._snapshot(session, run.agent_id, run.agent_version)
         if not isinstance(run.input, str):
             raise ValidationFailed(f"{where}: input must be text")
+        # Redacted before anything is built of it (AGENTLEDGER_REDACT), like the live path.
+        redactor = self.db.redactor.for_run()
+        run_input = redactor.text(run.input)
 
         queued = {"agent_id": run.agent_id, "session_id": session_id,
                   "parent_run_id": parent.id if parent else None}
@@ -253,6 +265,8 @@ class BulkImporter:
             try:
                 data = dict(validated_data(event.type, event.data))
                 status_after = next_status(status, event.type)
+                if redactor.active and event.type not in NOT_REDACTED:
+                    data = redactor.value(data)
             except LedgerError as exc:
                 raise type(exc)(f"{where} seq {n}: {exc.message}") from exc
             if event.type == "run.started":
@@ -265,7 +279,7 @@ class BulkImporter:
                 announced[str(data.get("child_run_id"))] = at
             elif event.type == "run.completed":
                 content = data.pop("content", None)
-                answer = "".join(deltas) if content is None else content
+                answer = redactor.text("".join(deltas) if content is None else content)
                 data["final_message_id"] = None  # named below, once the message has its id
             if event.type != "run.started":
                 changes.update(row_changes(event.type, data, at))
@@ -288,7 +302,7 @@ class BulkImporter:
         if session_id is not None and parent is None:
             user_message_id = new_id("msg")
             batch.messages.append((user_message_id, session_id, thread_id, owner, "user",
-                                   run.input, run.id, created))
+                                   run_input, run.id, created))
 
         chain, seq = GENESIS_HASH, 0
         usage = []
@@ -306,13 +320,13 @@ class BulkImporter:
         if run.idempotency_key is not None:
             key_hash = idempotency_key_hash(run.idempotency_key)
             checksum = request_checksum(f"/api/sessions/{session_id}/messages",
-                                        {"content": run.input})
+                                        {"content": run_input})
         batch.runs.append({
             "id": run.id, "thread_id": thread_id, "session_id": session_id,
             "root_run_id": root_id, "parent_run_id": parent.id if parent else None,
             "owner_id": owner, "agent_id": run.agent_id, "agent_version": run.agent_version,
             "status": status, "agent_execution_snapshot": snapshot_json,
-            "context_pack_snapshot": pack_json, "input": run.input,
+            "context_pack_snapshot": pack_json, "input": run_input,
             "user_message_id": user_message_id, "last_event_seq": seq, "last_event_hash": chain,
             "executor_instance_id": changes.get("executor_instance_id"),
             "lease_expires_at": changes.get("lease_expires_at"),
@@ -321,7 +335,7 @@ class BulkImporter:
             "final_message_id": final_message_id,
             "error": None if changes.get("error") is None else canonical_json(changes["error"]),
             "created_at": created, "started_at": started_at, "finished_at": finished_at,
-            "end_reason": changes.get("end_reason"),
+            "end_reason": changes.get("end_reason"), "redaction_count": redactions + redactor.count,
         })
         tokens_in, tokens_out, cost = usage_totals(usage)
         batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,

@@ -21,6 +21,7 @@ from agentledger.core import dialect
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
+from agentledger.core.redaction import redactor_of
 from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
@@ -89,6 +90,11 @@ _ADVANCE_RUN = update(AgentRun.__table__).where(
     AgentRun.__table__.c.status == bindparam("status_"),
     AgentRun.__table__.c.last_event_seq == bindparam("last_event_seq_"),
 )
+
+# Events whose data the ledger itself makes of ids, times and its own words: redacting them
+# (a custom pattern that matches digits) could only break the links they record.
+NOT_REDACTED = frozenset({"run.queued", "run.started", "run.child_created", "run.child_finished",
+                           "run.cancelling"})
 
 _ENDING = frozenset(e for e, to in EVENT_TARGET.items() if to in TERMINAL)
 
@@ -166,6 +172,11 @@ def append_events(
             raise IllegalTransition(f"{event_type} cannot follow the run's terminal event")
         status = next_status(status, event_type)
         pending.append(_Pending(event_type, dict(data)))
+    redactor = redactor_of(session)
+    if redactor.active:  # before anything below stores or hashes the data
+        for item in pending:
+            if item.type not in NOT_REDACTED:
+                item.data = redactor.value(item.data)
 
     values: dict[str, Any] = {}
     final_message_id = None
@@ -177,6 +188,8 @@ def append_events(
             content = item.data.pop("content", None)
             if content is None:
                 content = _delta_text(session, run_id) + delta_text_in_batch
+            # Joined deltas may form a value no single delta held.
+            content = redactor.text(content)
             final_message_id = new_id("msg")
             session.execute(
                 insert(Message).values(
@@ -210,6 +223,9 @@ def append_events(
     })
     if updated.rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
+    if redactor.count:
+        session.execute(update(AgentRun).where(AgentRun.id == run_id).values(
+            redaction_count=AgentRun.redaction_count + redactor.count))
 
     if status in TERMINAL:
         # The outcome rollup moves in the same transaction as the run's ending (ingest.rollup).

@@ -7,7 +7,7 @@ creates it, together with its thread link and its first event, ``run.queued`` (s
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -19,11 +19,13 @@ from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotF
 from agentledger.core.hashing import (
     GENESIS_HASH,
     canonical_json,
+    context_pack_hash,
     event_hash,
     sha256_hex,
     storable_json,
 )
 from agentledger.core.ids import new_id
+from agentledger.core.redaction import Redactor, redactor_of
 from agentledger.core.schema import (
     Agent,
     AgentRun,
@@ -119,7 +121,7 @@ def context_pack(items: list[ContextItem]) -> tuple[dict[str, Any], dict[str, st
         entries.append(
             {"id": item.id, "title": item.title, "version": item.version, "sha256": digest}
         )
-    return {"items": entries, "pack_hash": sha256_hex(canonical_json(entries))}, blobs
+    return {"items": entries, "pack_hash": context_pack_hash(entries)}, blobs
 
 
 def _store_blobs(session: Session, blobs: dict[str, str]) -> None:
@@ -215,18 +217,26 @@ def _insert_run_statement(dialect_name: str):
     )
 
 
+def redacted_context(redactor: Redactor, items: list[ContextItem]) -> list[ContextItem]:
+    """Context items as they may be stored: titles and contents redacted."""
+    return [replace(item, title=redactor.text(item.title), content=redactor.text(item.content))
+            if isinstance(item.title, str) and isinstance(item.content, str) else item
+            for item in items]
+
+
 def post_message(
     session: Session,
     *,
     owner_id: str,
     session_id: str,
     idempotency_key: str,
-    checksum: str,
+    checksum: str | None = None,
     content: str,
     agent_id: str | None = None,
     context: list[ContextItem] | None = None,
     visible_to: str | None = None,
     rate_limit_per_minute: int = 0,
+    request: tuple[str, Any] | None = None,
 ) -> PostedMessage:
     """One user message = one run, created at most once per (owner, idempotency key).
 
@@ -236,7 +246,19 @@ def post_message(
     under the same key raises ``IdempotencyConflict``. Concurrent duplicates are settled by the
     unique constraint on ``(owner_id, idempotency_key_hash)``, not by the look-up that precedes it.
     New runs (not replays) count against ``rate_limit_per_minute`` per owner (0: no limit).
+
+    ``request`` (path, JSON body as sent) gives the idempotency checksum, computed on the body
+    *as redacted* (``AGENTLEDGER_REDACT``), so no hash of an unredacted value is stored and the
+    same request still hashes the same; callers without a body pass ``checksum`` instead.
     """
+    redactor = redactor_of(session)
+    if redactor.active:
+        content = redactor.text(content)
+        context = redacted_context(redactor, context or [])
+    if request is not None:
+        checksum = request_checksum(request[0], redactor.for_run().value(request[1]))
+    if checksum is None:
+        raise ValueError("post_message needs the request or its checksum")
     key_hash = idempotency_key_hash(idempotency_key)
     chat = session.execute(
         _lookup_statement(dialect.name(session), scoped=visible_to is not None),
@@ -284,6 +306,7 @@ def post_message(
             "last_event_hash": chain,
             "idempotency_key_hash": key_hash,
             "request_checksum": checksum,
+            "redaction_count": redactor.count,
             "created_at": now,
         },
     ).first()
@@ -324,6 +347,8 @@ def create_child_run(
     The parent must be running (and, for an executor, leased by it); ``run.child_created`` is
     appended to the parent in the same transaction.
     """
+    redactor = redactor_of(session)
+    input = redactor.text(input)
     parent = lock_run(session, parent_run_id)
     now = dialect.now(session)
     if executor_instance_id is not None:
@@ -357,6 +382,7 @@ def create_child_run(
             input=input,
             last_event_seq=1,
             last_event_hash=chain,
+            redaction_count=redactor.count,
             created_at=now,
         )
     )

@@ -19,13 +19,21 @@ from queries.common import (
 )
 
 
-def get_run(session: Session, run_id: str, *, visible_to: str | None = None) -> dict[str, Any] | None:
-    """The run as the API shows it, or None when it does not exist (or is not the owner's)."""
+def get_run(session: Session, run_id: str, *, visible_to: str | None = None,
+            admin: bool = False) -> dict[str, Any] | None:
+    """The run as the API shows it, or None when it does not exist (or is not the owner's).
+
+    ``admin`` adds what only admins see: ``redaction_count``."""
     stmt = select(AgentRun).where(AgentRun.id == run_id)
     if visible_to is not None:
         stmt = stmt.where(run_visible_to(visible_to))
     row = session.execute(stmt).scalar_one_or_none()
-    return run_summary(row) if row is not None else None
+    if row is None:
+        return None
+    found = run_summary(row)
+    if admin:
+        found["redaction_count"] = row.redaction_count
+    return found
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentledger.core.vocabulary import RunStatus
 
@@ -111,6 +111,9 @@ class RunOut(Open):
     started_at: str | None
     finished_at: str | None
     events_url: str
+    redaction_count: int | None = Field(
+        None, description="admins only, in the run detail: values AGENTLEDGER_REDACT replaced "
+                          "in this run's input, context, events and answer before storing")
 
 
 class RunList(BaseModel):
@@ -168,6 +171,20 @@ class ProvenanceOut(BaseModel):
     agent_execution_snapshot: dict[str, Any]
     context_pack_snapshot: dict[str, Any]
     session: SessionOut | None
+
+
+class EvidenceOut(Open):
+    """An evidence bundle (docs/evidence.md); served as an attachment."""
+
+    format: str
+    format_version: int
+    agentledger_version: str
+    generated_at: str
+    message: dict[str, Any]
+    session: dict[str, Any] | None
+    root_run_id: str
+    runs: list[dict[str, Any]]
+    heads: dict[str, Any]
 
 
 class ClaimedRunOut(Open):

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from flask import jsonify
+import json
+
+from flask import Response, jsonify
 
 from agentledger.api import api
 from agentledger.api.operations import READERS, WRITERS
 from agentledger.api.request_scope import actor, owner_scope, principal, read_one, state
 from agentledger.api.requests import EventsQuery, RunListQuery
-from agentledger.api.responses import CancelOut, EventsOut, ProvenanceOut, RunList, RunOut, TreeOut
+from agentledger.api.responses import (
+    CancelOut,
+    EventsOut,
+    EvidenceOut,
+    ProvenanceOut,
+    RunList,
+    RunOut,
+    TreeOut,
+)
 from agentledger.api.stream import event_stream_response, wants_event_stream
 from agentledger.core.errors import NotAnAssistantMessage, NotFound
 from agentledger.core.vocabulary import RUN_FOLLOWER_ROLES
 from ingest.admin_log import record
 from ingest.cancel import request_cancel
+from queries.evidence import evidence_bundle
 from queries.provenance import UserMessage, message_provenance
 from queries.run_events import events_page
 from queries.run_tree import run_tree
@@ -25,7 +36,7 @@ SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
 @api.route("/agent-runs/<run_id>", "GET", summary="One run: status, snapshots, lease, timing",
            roles=RUN_FOLLOWER_ROLES, responses={200: RunOut}, errors=(404,), tag="runs")
 def runs_detail(run_id: str):
-    run = read_one(get_run, run_id, visible_to=owner_scope())
+    run = read_one(get_run, run_id, visible_to=owner_scope(), admin=principal().role == "admin")
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
     return jsonify(run)
@@ -93,3 +104,20 @@ def message_provenance_view(message_id: str):
         raise NotFound(f"message {message_id} does not exist")
     return jsonify(found)
 
+
+
+@api.route("/messages/<message_id>/evidence", "GET",
+           summary="Evidence bundle of an answer: its whole run tree, snapshots, events and hashes",
+           roles=READERS, responses={200: EvidenceOut}, errors=(404, 422), tag="runs")
+def message_evidence_view(message_id: str):
+    try:
+        bundle = read_one(evidence_bundle, message_id, visible_to=owner_scope())
+    except UserMessage as exc:
+        raise NotAnAssistantMessage(
+            f"message {message_id} is a user message; evidence exists only for answers"
+        ) from exc
+    if bundle is None:
+        raise NotFound(f"message {message_id} does not exist")
+    body = json.dumps(bundle, ensure_ascii=False, indent=1, sort_keys=True)
+    return Response(body, mimetype="application/json", headers={
+        "Content-Disposition": f'attachment; filename="evidence-{message_id}.json"'})

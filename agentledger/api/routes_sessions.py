@@ -11,7 +11,7 @@ from agentledger.api.requests import CreateSessionBody, ListQuery, PatchSessionB
 from agentledger.api.responses import MessageList, PostMessageOut, SessionList, SessionOut
 from agentledger.core.errors import IdempotencyKeyRequired, NotFound
 from ingest.admin_log import record
-from ingest.runs import ContextItem, post_message, request_checksum
+from ingest.runs import ContextItem, post_message
 from ingest.sessions import create_session, delete_session, update_session
 from queries.sessions import get_session, list_sessions, session_messages
 
@@ -110,7 +110,7 @@ def messages_post(session_id: str, body: PostMessageBody, raw_body):
             owner_id=principal().owner_id,
             session_id=session_id,
             idempotency_key=key,
-            checksum=request_checksum(request.path, raw_body),
+            request=(request.path, raw_body),
             content=body.content,
             agent_id=body.agent_id,
             context=context,

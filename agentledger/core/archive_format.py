@@ -55,18 +55,33 @@ class ArchiveProblem:
 
 def verify_record(record: dict[str, Any], recorded_head: tuple[int, str] | None = None
                   ) -> ArchiveProblem | None:
+    """The first problem of one run's record (``{"run": {...}, "events": [...]}``), or None.
+
+    Recomputes the chain from the genesis hash: seqs 1, 2, 3… with no gap, each event's
+    ``hash`` (and its ``previous_hash`` when the record carries one, as evidence bundles do),
+    and the run's head (``last_event_seq``, ``last_event_hash``). Shared by archive files and
+    evidence bundles, so the two can never verify differently.
+    """
     run = record["run"]
     chain, expected = GENESIS_HASH, 0
     for event in record["events"]:
         expected += 1
         if event["seq"] != expected:
-            return ArchiveProblem(run["id"], expected, f"event seq {expected} is missing")
+            return ArchiveProblem(run["id"], expected,
+                                  f"event seq {expected} is missing (found seq {event['seq']})")
+        if "previous_hash" in event and event["previous_hash"] != chain:
+            return ArchiveProblem(run["id"], expected,
+                                  "previous_hash does not match the hash of the event before")
         chain = event_hash(chain, run["id"], event["seq"], event["type"], event["data"],
                            datetime.fromisoformat(event["created_at"]))
         if chain != event["hash"]:
             return ArchiveProblem(run["id"], event["seq"], "hash does not match the event")
     head = (run["last_event_seq"], run["last_event_hash"])
-    if (expected, chain) != head:
+    if expected != head[0]:
+        missing = min(expected, head[0]) + 1
+        return ArchiveProblem(run["id"], missing,
+                              f"run records {head[0]} events but {expected} are present")
+    if chain != head[1]:
         return ArchiveProblem(run["id"], expected, "chain head does not match the run record")
     if recorded_head is not None and tuple(recorded_head) != head:
         return ArchiveProblem(run["id"], expected, "run differs from what was archived")

@@ -51,6 +51,8 @@ class Settings:
     read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
                        replica that ``queries`` read from
     secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
+    redact             AGENTLEDGER_REDACT              unset: nothing redacted; else detectors
+                       (email, phone, card, secret, re:<pattern>) applied before storing
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -64,6 +66,7 @@ class Settings:
     run_rate_limit: int = 600
     read_database_url: str | None = None
     secure_cookies: bool = False
+    redact: str = ""
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -78,8 +81,20 @@ class Settings:
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
+            redact=os.environ.get("AGENTLEDGER_REDACT", ""),
         )
-        return replace(settings, **overrides)
+        settings = replace(settings, **overrides)
+        settings.redaction_rules()  # refuse a bad value at start, not at the first write
+        return settings
+
+    def redaction_rules(self):
+        """The parsed ``AGENTLEDGER_REDACT`` rules; an invalid value stops the process."""
+        from agentledger.core.redaction import RedactionConfigError, parse_rules
+
+        try:
+            return parse_rules(self.redact)
+        except RedactionConfigError as exc:
+            raise SystemExit(str(exc)) from None
 
     @property
     def is_sqlite(self) -> bool:

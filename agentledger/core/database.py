@@ -17,6 +17,8 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session
 
 from agentledger.core.config import sqlite_path
+from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
+from agentledger.core.redaction import Redactor, install_log_redaction
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
 PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
@@ -78,8 +80,11 @@ def _postgres_engine(url: str, *, read_only: bool) -> Engine:
 class Database:
     """The engines of one process. Create once per process; call ``dispose`` on shutdown."""
 
-    def __init__(self, url: str, read_url: str | None = None):
+    def __init__(self, url: str, read_url: str | None = None, *, redaction_rules: tuple = ()):
         self.url = normalize_url(url)
+        # What ``ingest`` redacts before storing (``agentledger.core.redaction``): handed to
+        # every write session, so each write path finds it without another parameter.
+        self.redactor = Redactor(tuple(redaction_rules))
         self.dialect = make_url(self.url).get_backend_name()
         if self.dialect not in ("sqlite", "postgresql"):
             raise SystemExit(f"unsupported database {self.dialect!r}: use sqlite or postgresql")
@@ -107,6 +112,8 @@ class Database:
         on either database (other processes hear them through PostgreSQL's NOTIFY).
         """
         with Session(self.engine, expire_on_commit=False, autoflush=False) as session:
+            if self.redactor.active:
+                session.info[REDACTOR_KEY] = self.redactor
             with session.begin():
                 yield session
             pending = session.info.pop(PENDING_NOTIFICATIONS, ())
@@ -119,7 +126,9 @@ class Database:
 
     @classmethod
     def from_settings(cls, settings) -> Database:
-        return cls(settings.database_url, settings.read_database_url)
+        rules = settings.redaction_rules()
+        install_log_redaction(rules)
+        return cls(settings.database_url, settings.read_database_url, redaction_rules=rules)
 
     @contextmanager
     def read(self, *, primary: bool = False) -> Iterator[Session]:

@@ -138,6 +138,19 @@ def _storable(value: Any) -> Any:
     raise _NotStorable("", f"{type(value).__name__} is not a JSON value")
 
 
+def agent_content_hash(name: str, kind: str, model: str | None, instructions: str | None,
+                       tools: Any, params: Any) -> str:
+    """The ``content_hash`` of an agent definition (and of the execution snapshot frozen of it)."""
+    return sha256_hex(canonical_json({"name": name, "kind": kind, "model": model,
+                                      "instructions": instructions, "tools": tools,
+                                      "params": params}))
+
+
+def context_pack_hash(entries: list[dict[str, Any]]) -> str:
+    """The ``pack_hash`` of a context pack: over its items' ids, titles, versions and sha256s."""
+    return sha256_hex(canonical_json(entries))
+
+
 def token_hash(token: str) -> str:
     """What is stored of an API token: its keyed sha256, never the token."""
     return sha256_hex("api-token\n" + token)

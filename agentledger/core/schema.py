@@ -197,6 +197,10 @@ class AgentRun(Base):
     # the interruption reads group thousands of runs by reason, and joining each to its last
     # event cost ~0.5 s at 1.4M runs. NULL for every other status. Not part of the API's run.
     end_reason: Mapped[str | None] = mapped_column(String(40))
+    # How many values ``AGENTLEDGER_REDACT`` replaced in this run's input, context, events and
+    # answer before they were stored. Admins only (the run detail shows it to them).
+    redaction_count: Mapped[int] = mapped_column(Integer, nullable=False,
+                                                 server_default=text("0"))
 
 
 class Message(Base):

@@ -86,6 +86,11 @@ def show(message_id):
     snapshot = found["agent_execution_snapshot"]
     return html.Div([
         ui.page_header(f"Answer {message['id']}", f"answered {ui.when(message['created_at'])}"),
+        # A plain link: the API accepts the login cookie for GETs, and the response is an
+        # attachment, so the browser saves the file instead of leaving the page.
+        html.A("Download evidence", id=f"{P}-evidence", href=f"/api/messages/{message['id']}/evidence",
+               download=f"evidence-{message['id']}.json",
+               className="btn btn-outline-primary btn-sm mb-3"),
         dbc.Row([
             dbc.Col([
                 dbc.Card([dbc.CardHeader("The answer"), dbc.CardBody(ui.text_block(message["content"]))],

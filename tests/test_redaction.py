@@ -1,0 +1,252 @@
+"""Redaction before hashing (CONTRACT §9, ``AGENTLEDGER_REDACT``): what each detector catches and
+leaves, refused settings, and, on both databases, that no detected value reaches any table on any
+write path (message posts with context, executor events, child runs, answers, the bulk import)
+while every chain still verifies; without redaction the values are written as given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from api_helpers import FlaskApi, append, claim_run, open_session, send, unique
+from factories import make_agent
+from sqlalchemy import text
+
+from agentledger.core.config import Settings
+from agentledger.core.database import Database
+from agentledger.core.evidence_format import verify_bundle
+from agentledger.core.redaction import Redactor, luhn_valid, parse_rules
+from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import
+from ingest.runs import ContextItem
+from queries.chain_verification import verify_chains
+
+EVERYTHING = r"email,phone,card,secret,re:ACME-\d{4}"
+
+# Planted values, by the marker that must replace them.
+EMAIL = "jane.doe+billing@example.com"
+PHONE = "+1 (415) 555-0134"
+PHONE_US = "415-555-0188"
+CARD = "4111 1111 1111 1111"
+OPENAI_KEY = "sk-proj-Q7x2Lm9Pa4Rt8Zk1Vb6N"
+AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
+GITHUB = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+BEARER = "Bearer eyJhbGciOiJIUzI1NiJ9.payload-part.signature-part"
+PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+CUSTOM = "ACME-7731"
+PLANTED = (EMAIL, PHONE, PHONE_US, CARD, OPENAI_KEY, AWS_KEY, GITHUB, "eyJhbGciOiJIUzI1NiJ9",
+           "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC", CUSTOM, "jane.doe", "4111", "0134", "0188",
+           "Q7x2Lm9P", "IOSFODNN7", "A1b2C3d4", "7731")
+
+
+def _redact(text_: str, spec: str = EVERYTHING) -> str:
+    return Redactor(parse_rules(spec)).text(text_)
+
+
+# ---- the detectors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "kind"), [
+    (EMAIL, "email"), ("a.b@sub.example.org", "email"),
+    (PHONE, "phone"), (PHONE_US, "phone"), ("(212) 555-0100", "phone"), ("212.555.0100", "phone"),
+    ("+44 20 7946 0958", "phone"), ("+4915112345678", "phone"),
+    (CARD, "card"), ("5500-0055-5555-5559", "card"), ("378282246310005", "card"),
+    (OPENAI_KEY, "secret"), ("sk-ant-api03-abcdefghijklmnopqrstuv", "secret"), (AWS_KEY, "secret"),
+    (GITHUB, "secret"), (BEARER, "secret"), (PEM, "secret"),
+    ("xoxb-1234567890-abcdefghij", "secret"), (CUSTOM, "re"),
+])
+def test_each_detector_replaces_what_it_is_for(given, kind):
+    assert _redact(f"before {given} after") == f"before [REDACTED:{kind}] after"
+
+
+@pytest.mark.parametrize("kept", [
+    "2026-12-01T11:13:37.123456Z", "192.168.100.200", "version 1.2.3", "order 12345678",
+    "4111 1111 1111 1112",  # fails the Luhn check
+    "run_01m8rmqpfz0qw7eecdrg5n8rdc", "msg_01m8rmrwe2k7w95y88r136zr79", "1700000000000",
+    "sk-short", "not an @ address", "price 1,234.56", "ACME-12", "+1 2 3", "UTC+05:30",
+    "+12 3456 7890 1234 5678 90",  # more digits than any phone number
+])
+def test_what_the_detectors_leave_alone(kept):
+    assert _redact(kept) == kept
+
+
+def test_luhn():
+    assert luhn_valid("4111111111111111") and luhn_valid("79927398713")
+    assert not luhn_valid("4111111111111112")
+
+
+def test_only_the_named_detectors_apply_and_json_is_redacted_recursively():
+    redactor = Redactor(parse_rules("email"))
+    value = {"to": [EMAIL, {"cc": EMAIL, "n": 3}], EMAIL: CARD, "ok": True}
+    assert redactor.value(value) == {"to": ["[REDACTED:email]", {"cc": "[REDACTED:email]", "n": 3}],
+                                     EMAIL: CARD, "ok": True}
+    assert redactor.count == 2
+    assert parse_rules("") == () and parse_rules(" , ") == ()
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ("emails", "unknown detector 'emails'"), ("email,ssn", "unknown detector 'ssn'"),
+    ("re:", "re: needs a pattern"), ("re:(", "not a valid regular expression"),
+    ("re:x*", "matches the empty string"),
+])
+def test_an_invalid_setting_is_refused_at_start_with_a_clear_message(monkeypatch, raw, says):
+    monkeypatch.setenv("AGENTLEDGER_REDACT", raw)
+    with pytest.raises(SystemExit) as refused:
+        Settings.from_env()
+    assert says in str(refused.value) and "AGENTLEDGER_REDACT" in str(refused.value)
+    env = {**os.environ, "AGENTLEDGER_REDACT": raw}
+    done = subprocess.run([sys.executable, "-m", "agentledger.cli", "db", "upgrade"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and says in done.stderr
+
+
+# ---- every write path, on both databases ------------------------------------------------------
+
+
+def _all_cells(db: Database) -> list[tuple[str, str]]:
+    """Every value of every table, read with plain SQL (not through the API or queries)."""
+    from agentledger.core.schema import Base
+
+    cells = []
+    with db.engine.connect() as connection:
+        for table in Base.metadata.sorted_tables:
+            for row in connection.execute(text(f"SELECT * FROM {table.name}")):
+                cells.extend((table.name, str(value)) for value in row if value is not None)
+    return cells
+
+
+def _write_everything(db: Database, url: str, *, redacted: bool) -> dict:
+    api = FlaskApi(db, url)
+    try:
+        make_agent(db, "helper")
+        chat = open_session(api, api.alice)
+        context = [{"id": "crm", "title": f"Customer {EMAIL}", "content": f"card {CARD}, {CUSTOM}"},
+                   {"id": "keys", "title": "Deploy notes", "content": f"{PEM}\naws {AWS_KEY}"}]
+        key = unique("key")
+        content = f"Mail {EMAIL} or call {PHONE}; my key is {OPENAI_KEY}"
+        first = send(api, api.alice, chat["id"], content, key=key, context=context)
+        again = send(api, api.alice, chat["id"], content, key=key, context=context)
+        assert again.headers.get("Idempotent-Replayed") == "true"  # a replay is still a replay
+        assert again.json() == first.json()
+        run_id = first.json()["run_id"]
+
+        instance = unique("exec")
+        claimed = claim_run(api, api.executor, run_id, instance)
+        assert (EMAIL not in claimed["input"]) is redacted
+        assert ("[REDACTED:email]" in claimed["input"]) is redacted
+        reply = append(api, api.executor, run_id, instance, [
+            ("tool.call", {"name": "crm", "input": {"query": {"who": [EMAIL, PHONE_US]},
+                                                     "auth": BEARER}}),
+            ("tool.result", {"name": "crm", "output": {"token": GITHUB, "rows": 2}}),
+            ("message.delta", {"text": "Your card "}),
+            ("message.delta", {"text": f"{CARD} is on file; reach us at {EMAIL}."}),
+        ])
+        assert reply.status == 200, reply
+        child = api.post(f"/api/executor/runs/{run_id}/children", api.executor,
+                         json={"executor_instance_id": instance, "agent_id": "helper",
+                               "input": f"email {EMAIL} about {CUSTOM}"})
+        assert child.status == 201, child
+        child_id = child.json()["run_id"]
+        claim_run(api, api.executor, child_id, instance)
+        assert append(api, api.executor, child_id, instance, [
+            ("run.failed", {"error": {"code": "agent_error", "message": f"bad key {OPENAI_KEY}"}}),
+        ]).status == 200
+        done = append(api, api.executor, run_id, instance, [("run.completed", {})])
+        assert done.status == 200, done
+
+        # A second answer given as explicit content, on a run of its own.
+        second = send(api, api.alice, chat["id"], "and again?").json()["run_id"]
+        claim_run(api, api.executor, second, instance)
+        assert append(api, api.executor, second, instance, [
+            ("run.completed", {"content": f"Sure: {PHONE} / {AWS_KEY}"})]).status == 200
+
+        t0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+        imported_child = ImportedRun(
+            agent_id="helper", agent_version=1, input=f"look up {EMAIL}",
+            created_at=t0 + timedelta(seconds=2), events=[
+                ImportedEvent("run.started", {"executor_instance_id": "ext-2"}, t0 + timedelta(seconds=2)),
+                ImportedEvent("run.completed", {"content": f"found {PHONE_US}"}, t0 + timedelta(seconds=3))])
+        imported = ImportedRun(
+            agent_id="echo", agent_version=1, input=f"history with {CARD}", created_at=t0,
+            session=ImportedSession(owner_id="alice", agent_id="echo", created_at=t0),
+            context=[ContextItem("old", "Old notes", f"{GITHUB} {CUSTOM}")],
+            idempotency_key="import-1", children=[imported_child], events=[
+                ImportedEvent("run.started", {"executor_instance_id": "ext-1"}, t0 + timedelta(seconds=1)),
+                ImportedEvent("run.child_created", {"child_run_id": imported_child.id,
+                                                    "agent_id": "helper"}, t0 + timedelta(seconds=2)),
+                ImportedEvent("run.child_finished", {"child_run_id": imported_child.id,
+                                                     "status": "succeeded"}, t0 + timedelta(seconds=3)),
+                ImportedEvent("tool.call", {"name": "vault", "input": {"secret": OPENAI_KEY}},
+                              t0 + timedelta(seconds=4)),
+                ImportedEvent("message.delta", {"text": f"mail {EMAIL}"}, t0 + timedelta(seconds=5)),
+                ImportedEvent("run.completed", {}, t0 + timedelta(seconds=6))])
+        bulk_import(db, [imported])
+
+        admin_view = api.get(f"/api/agent-runs/{run_id}", api.admin).json()
+        owner_view = api.get(f"/api/agent-runs/{run_id}", api.alice).json()
+        answer = api.get(f"/api/agent-runs/{run_id}", api.alice).json()["final_message_id"]
+        bundle = api.get(f"/api/messages/{answer}/evidence", api.viewer).json()
+        counts = {r: api.get(f"/api/agent-runs/{r}", api.admin).json()["redaction_count"]
+                  for r in (run_id, child_id, second, imported.id, imported_child.id)}
+        return {"admin": admin_view, "owner": owner_view, "bundle": bundle, "counts": counts}
+    finally:
+        api.close()
+
+
+def test_with_redaction_no_table_holds_a_detected_value_and_chains_verify(db, db_url):
+    redacting = Database(db_url, redaction_rules=parse_rules(EVERYTHING))
+    try:
+        seen = _write_everything(redacting, db_url, redacted=True)
+        cells = _all_cells(redacting)
+        leaks = [(table, value[:120]) for table, value in cells
+                 for planted in PLANTED if planted in value]
+        assert not leaks, leaks
+        assert any("[REDACTED:secret]" in v for t, v in cells if t == "context_blob")
+        assert any("[REDACTED:card]" in v for t, v in cells if t == "message")
+        assert any("[REDACTED:email]" in v for t, v in cells if t == "run_event")
+        with redacting.read() as s:
+            report = verify_chains(s)
+        assert report.ok and report.runs_checked == 5, report.problems
+        assert verify_bundle(seen["bundle"]).ok
+        # Post: content (email, phone, key) + context (email, card, custom, PEM, AWS key) = 8;
+        # events: 2 (tool.call) + 1 (Bearer) + 1 (GitHub) + 2 (card, email in the delta) = 6.
+        root, child, second, imp, imp_child = seen["counts"].values()
+        assert root == 14 and child == 3 and second == 2 and imp == 5 and imp_child == 2
+        assert seen["admin"]["redaction_count"] == 14
+        assert "redaction_count" not in seen["owner"]
+    finally:
+        redacting.dispose()
+
+
+def test_without_redaction_values_are_written_as_given(db, db_url):
+    seen = _write_everything(db, db_url, redacted=False)
+    cells = [value for _, value in _all_cells(db)]
+    for planted in (EMAIL, CARD, OPENAI_KEY, AWS_KEY, GITHUB, CUSTOM, PHONE_US):
+        assert any(planted in value for value in cells), planted
+    assert not any("[REDACTED:" in value for value in cells)
+    assert set(seen["counts"].values()) == {0}
+    with db.read() as s:
+        assert verify_chains(s).ok
+
+
+def test_log_lines_are_redacted(db_url, caplog):
+    import logging
+
+    from agentledger.core import redaction
+
+    previous = logging.getLogRecordFactory()
+    try:
+        Database.from_settings(Settings(database_url=db_url, redact="email,secret")).dispose()
+        with caplog.at_level(logging.WARNING, logger="agentledger.test"):
+            try:
+                raise ValueError(f"agent choked on {OPENAI_KEY}")
+            except ValueError:
+                logging.getLogger("agentledger.test").exception("run for %s failed", EMAIL)
+        logged = caplog.text
+        assert EMAIL not in logged and OPENAI_KEY not in logged
+        assert "[REDACTED:email]" in logged and "[REDACTED:secret]" in logged
+        assert isinstance(logging.getLogRecordFactory(), redaction._RedactingRecords)
+    finally:
+        logging.setLogRecordFactory(previous)
