@@ -8,7 +8,7 @@ a given status, and what status the run has afterwards.
 from __future__ import annotations
 
 from agentledger.core.errors import CancelRequested, IllegalTransition, RunTerminal
-from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, TERMINAL
+from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, PROGRESS_EVENTS, TERMINAL
 
 TRANSITIONS: dict[tuple[str, str], str] = {
     ("queued", "running"): "run.started",
@@ -26,9 +26,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 EVENT_TARGET: dict[str, str] = {event: to for (_, to), event in TRANSITIONS.items()}
 
 # Events that report progress without moving the run; only a started, unfinished run has progress.
-INFORMATIONAL = frozenset(
-    {"message.delta", "tool.call", "tool.result", "usage", "run.child_created", "run.child_finished"}
-)
+INFORMATIONAL = PROGRESS_EVENTS
 
 EVENT_TYPES = frozenset({"run.queued", *EVENT_TARGET, *INFORMATIONAL})
 
