@@ -98,7 +98,7 @@ async def _setup_sdk_tables(url: str) -> None:
     try:
         await session._ensure_tables()  # creates the SDK's own tables (IF NOT EXISTS)
     finally:
-        await session._engine.dispose()
+        await session.engine.dispose()
 
 
 def setup_framework_storage(url: str) -> list[str]:
