@@ -43,7 +43,8 @@ TARGET = {
 }
 # CONTRACT §3: events that report progress and never move the run.
 INFORMATIONAL = {
-    "message.delta", "tool.call", "tool.result", "usage", "run.child_created", "run.child_finished",
+    "message.delta", "tool.call", "tool.result", "usage", "agent.resolved", "agent.handoff",
+    "run.child_created", "run.child_finished",
 }
 ALL_EVENT_TYPES = {"run.queued", *TARGET, *INFORMATIONAL}
 
