@@ -33,10 +33,14 @@ def record(*args, **kwargs):
 
 
 def cmd_db_upgrade(args, settings: Settings) -> int:
+    from agentledger.agent_kinds.storage import setup_framework_storage
     from agentledger.core.migrate import current_revision, upgrade
 
     upgrade(settings.database_url)
     print(f"database at revision {current_revision(settings.database_url)}")
+    frameworks = setup_framework_storage(settings.database_url)
+    if frameworks:
+        print(f"framework tables ready: {', '.join(frameworks)}")
     return 0
 
 

@@ -124,6 +124,9 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, 
     if workers < 1 or threads < 1:
         raise SystemExit("--workers and --threads must be at least 1")
     upgrade(settings.database_url)
+    from agentledger.agent_kinds.storage import setup_framework_storage
+
+    setup_framework_storage(settings.database_url)
     if demo and _is_empty(settings):
         from agentledger.demo import seed
 

@@ -22,17 +22,40 @@ class MessageDelta(_Data):
 class ToolCall(_Data):
     name: str = Field(min_length=1)
     input: Any
+    # The framework's id of this call, repeated by its result (frameworks that have one).
+    call_id: str | None = None
 
 
 class ToolResult(_Data):
     name: str = Field(min_length=1)
     output: Any
+    call_id: str | None = None
 
 
 class Usage(_Data):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
-    cost_usd: float = Field(ge=0)
+    # ``None`` when no price is known for the model (unknown, never zero).
+    cost_usd: float | None = Field(ge=0)
+    model: str | None = None
+
+
+class AgentResolved(_Data):
+    """What a code-defined agent (kinds ``langgraph``, ``openai-agents``) actually loaded."""
+
+    name: str
+    model: str | None
+    instructions_sha256: str | None
+    tools: list[str]
+    source: str = Field(min_length=3)
+    package: str | None
+    package_version: str | None
+    content_hash: str | None
+
+
+class AgentHandoff(_Data):
+    from_agent: str
+    to_agent: str
 
 
 class ErrorInfo(BaseModel):
@@ -79,6 +102,8 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "tool.call": ToolCall,
     "tool.result": ToolResult,
     "usage": Usage,
+    "agent.resolved": AgentResolved,
+    "agent.handoff": AgentHandoff,
     "run.failed": RunFailedData,
     "run.cancelled": RunCancelledData,
     "run.interrupted": RunInterruptedData,
@@ -98,6 +123,8 @@ EXECUTOR_APPENDABLE = frozenset(
         "tool.call",
         "tool.result",
         "usage",
+        "agent.resolved",
+        "agent.handoff",
         "run.completed",
         "run.failed",
         "run.cancelled",

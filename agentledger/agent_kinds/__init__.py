@@ -3,7 +3,9 @@
 A kind is a callable ``kind(ctx: RunContext) -> str | None``; it reads ``ctx.input``,
 ``ctx.agent_execution_snapshot`` and ``ctx.context``, reports progress through ``ctx.emit``
 (message deltas, tool calls, usage) and may return the final answer (otherwise the answer is
-the joined ``message.delta`` texts). Built in: ``echo`` and ``scripted``. Other packages add
+the joined ``message.delta`` texts). Built in: ``echo``, ``scripted``, and the code-defined
+agents ``langgraph`` and ``openai-agents`` (their frameworks are imported only when such an
+agent is registered or run: ``pip install 'agentledger[langgraph]'`` / ``[openai-agents]``). Other packages add
 kinds through the ``agentledger.agent_kinds`` entry-point group, e.g. in their pyproject::
 
     [project.entry-points."agentledger.agent_kinds"]
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from importlib.metadata import entry_points
 
+from agentledger.agent_kinds import langgraph_kind, openai_agents_kind
 from agentledger.agent_kinds.echo import run_echo
 from agentledger.agent_kinds.run_context import (
     AgentFailed,
@@ -29,7 +32,12 @@ from agentledger.agent_kinds.scripted import run_scripted, validate_steps
 
 AgentKind = Callable[[RunContext], "str | None"]
 
-BUILT_IN: dict[str, AgentKind] = {"echo": run_echo, "scripted": run_scripted}
+BUILT_IN: dict[str, AgentKind] = {
+    "echo": run_echo,
+    "scripted": run_scripted,
+    "langgraph": langgraph_kind.run_langgraph,
+    "openai-agents": openai_agents_kind.run_openai_agent,
+}
 ENTRY_POINT_GROUP = "agentledger.agent_kinds"
 
 
@@ -51,6 +59,10 @@ def validate_definition(kind: str, params: dict) -> None:
         raise ValueError(f"unknown agent kind {kind!r}; known: {', '.join(sorted(available_kinds()))}")
     if kind == "scripted":
         validate_steps(params.get("steps"))
+    elif kind == "langgraph":
+        langgraph_kind.validate(params)
+    elif kind == "openai-agents":
+        openai_agents_kind.validate(params)
 
 
 __all__ = [

@@ -26,6 +26,7 @@ class ExecutionPort(Protocol):
     def emit(self, run_id: str, event_type: str, data: dict) -> None: ...
     def sleep(self, run_id: str, seconds: float) -> None: ...
     def delegate(self, run_id: str, children: list[dict[str, str]]) -> list[dict[str, Any]]: ...
+    def check(self, run_id: str) -> None: ...
 
 
 @dataclass
@@ -40,6 +41,11 @@ class RunContext:
     # The thread's earlier turns, oldest first (CONTRACT §7): {"role", "content", "run_id", "created_at"}.
     history: list[dict[str, Any]] = field(default_factory=list)
     answer_parts: list[str] = field(default_factory=list)
+    # The ledger database, for kinds that keep their framework's own memory there (None when the
+    # executor works through the API only).
+    database_url: str | None = None
+    # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
+    completion: dict[str, Any] = field(default_factory=dict)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -60,6 +66,18 @@ class RunContext:
     def delegate(self, children: list[dict[str, str]]) -> list[dict[str, Any]]:
         """Create child runs, let any worker run them in parallel, wait for all of them."""
         return self.port.delegate(self.run_id, children)
+
+    def check_cancel(self) -> None:
+        """Raise ``RunCancelled`` when the run is being cancelled (and stop if it was dropped)."""
+        self.port.check(self.run_id)
+
+    def cancel_requested(self) -> bool:
+        """Whether the run should stop now (cancel requested, or the run is no longer ours)."""
+        try:
+            self.port.check(self.run_id)
+        except Exception:  # noqa: BLE001 - any refusal means: stop
+            return True
+        return False
 
 
 # The run the calling thread or asyncio task is executing. A ContextVar, so that each executor

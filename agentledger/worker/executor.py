@@ -193,7 +193,7 @@ class Executor:
             ctx = RunContext(run_id=run.run_id, thread_id=run.thread_id, input=run.input,
                              agent_execution_snapshot=run.agent_execution_snapshot,
                              context_pack_snapshot=run.context_pack_snapshot,
-                             context=run.context, port=self)
+                             context=run.context, port=self, database_url=self.db.url)
             kind_name = run.agent_execution_snapshot.get("kind")
             kind = kind_for(kind_name)
             try:
@@ -205,7 +205,10 @@ class Executor:
                     answer = kind(ctx)
                 finally:
                     unbind_current_run(bound)
-                self._end(active, "run.completed", {} if answer is None else {"content": answer})
+                completed = dict(ctx.completion)
+                if answer is not None:
+                    completed["content"] = answer
+                self._end(active, "run.completed", completed)
             except RunCancelled:
                 self._end(active, "run.cancelled", {"external_stop_confirmed": True})
             except AgentFailed as exc:
@@ -270,6 +273,9 @@ class Executor:
         self._check(active)
         self._append(active, [(event_type, data)])
         self._check(active)
+
+    def check(self, run_id: str) -> None:
+        self._check(self._active_for(run_id))
 
     def sleep(self, run_id: str, seconds: float) -> None:
         active = self._active_for(run_id)

@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 
+from agentledger.agent_kinds.storage import setup_framework_storage
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.migrate import upgrade
@@ -32,6 +33,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
         return _run_remote_worker(settings, instance_id=instance_id, concurrency=concurrency,
                                   api_url=api_url, token=token)
     upgrade(settings.database_url)
+    setup_framework_storage(settings.database_url)
     db = Database.from_settings(settings)
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
     db.add_notification_listener(notifier.signal)

@@ -1,0 +1,116 @@
+"""Where the agent frameworks keep their own memory: in the ledger's database.
+
+- ``langgraph``: LangGraph's own checkpointer (``SqliteSaver`` / ``PostgresSaver``) on the
+  ledger's database, tables ``checkpoints`` and ``writes`` (SQLite) or ``checkpoints``,
+  ``checkpoint_blobs``, ``checkpoint_writes`` and ``checkpoint_migrations`` (PostgreSQL).
+- ``openai-agents``: the Agents SDK's own ``SQLAlchemySession`` on the ledger's database, tables
+  ``agent_sessions`` and ``agent_messages``.
+
+These tables belong to the frameworks (their own schemas and their own migrations), so they are
+created by the frameworks' ``setup()`` from ``agentledger db upgrade`` (and the migration step of
+``serve`` / ``python app.py``) when the extra is installed, never by an Alembic migration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import make_url
+
+from agentledger.core.config import sqlite_path
+from agentledger.core.database import normalize_url
+
+SDK_SESSIONS_TABLE = "agent_sessions"
+SDK_MESSAGES_TABLE = "agent_messages"
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def langgraph_installed() -> bool:
+    return _installed("langgraph") and _installed("langgraph.checkpoint.sqlite") and _installed(
+        "langgraph.checkpoint.postgres")
+
+
+def openai_agents_installed() -> bool:
+    return _installed("agents") and _installed("agents.extensions.memory")
+
+
+def _is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextmanager
+def langgraph_checkpointer(url: str) -> Iterator:
+    """LangGraph's own saver on the ledger database at ``url``, open for one run."""
+    url = normalize_url(url)
+    if _is_sqlite(url):
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        path = sqlite_path(url)
+        if path is None:
+            raise ValueError("the langgraph checkpointer needs a SQLite file, not :memory:")
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        try:
+            yield SqliteSaver(conn)
+        finally:
+            conn.close()
+    else:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        with PostgresSaver.from_conn_string(_libpq(url)) as saver:
+            yield saver
+
+
+def sdk_async_url(url: str) -> str:
+    """The ledger URL for SQLAlchemy's asyncio engine (aiosqlite, psycopg's async mode)."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def sdk_session(session_id: str, url: str, *, create_tables: bool = False):
+    """The Agents SDK's SQLAlchemy session on the ledger database (call inside an event loop)."""
+    from agents.extensions.memory import SQLAlchemySession
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(sdk_async_url(url))
+    return SQLAlchemySession(session_id, engine=engine, create_tables=create_tables,
+                             sessions_table=SDK_SESSIONS_TABLE, messages_table=SDK_MESSAGES_TABLE)
+
+
+async def _setup_sdk_tables(url: str) -> None:
+    session = sdk_session("agentledger-setup", url, create_tables=True)
+    try:
+        await session._ensure_tables()  # creates the SDK's own tables (IF NOT EXISTS)
+    finally:
+        await session.engine.dispose()
+
+
+def setup_framework_storage(url: str) -> list[str]:
+    """Create the installed frameworks' tables on the ledger database; idempotent.
+
+    Returns the frameworks set up (for the upgrade command's output)."""
+    done = []
+    if langgraph_installed():
+        with langgraph_checkpointer(url) as saver:
+            saver.setup()
+        done.append("langgraph")
+    if openai_agents_installed():
+        asyncio.run(_setup_sdk_tables(url))
+        done.append("openai-agents")
+    return done

@@ -1,0 +1,240 @@
+"""Kind ``langgraph`` (CONTRACT §7): real LangGraph graphs with a fake chat model, run by the
+real executor on SQLite and PostgreSQL, checkpoints in the ledger's own database."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from factories import make_agent, make_session, post
+from framework_agents import lg_graphs
+from process_helpers import (
+    ExecutorPool,
+    ProcessManager,
+    assert_one_terminal_event,
+    events,
+    message_content,
+    run,
+    runs,
+    wait_for_status,
+    wait_terminal,
+    wait_until,
+)
+
+from agentledger.agent_kinds import validate_definition
+from agentledger.agent_kinds.storage import setup_framework_storage
+from ingest.cancel import request_cancel
+
+TESTS = Path(__file__).resolve().parent
+GRAPH = "framework_agents.lg_graphs:graph"
+PRICING = {"fake-model": {"input_per_million": 2.0, "output_per_million": 8.0}}
+
+
+@pytest.fixture
+def lg_db(db, db_url):
+    setup_framework_storage(db_url)
+    return db
+
+
+@pytest.fixture
+def executors(lg_db):
+    with ExecutorPool(lg_db) as pool:
+        yield pool
+
+
+def graph_agent(db, agent_id="weather", graph=GRAPH, **params) -> str:
+    return make_agent(db, agent_id, kind="langgraph", params={"graph": graph, **params})
+
+
+def ask(db, session_id: str, text: str, *, timeout: float = 30.0):
+    posted = post(db, session_id, text)
+    wait_terminal(db, posted.run_id, timeout=timeout)
+    return posted.run_id, assert_one_terminal_event(db, posted.run_id)
+
+
+def answer_of(db, run_id: str) -> str:
+    return message_content(db, run(db, run_id).final_message_id)
+
+
+def test_memory_across_runs_and_a_fresh_executor(lg_db, executors):
+    graph_agent(lg_db)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start("exec-1")
+    first, end = ask(lg_db, session, "my name is Ada")
+    assert end.type == "run.completed"
+    assert answer_of(lg_db, first) == "Hello, you said: my name is Ada."
+    executors.close()  # the checkpoints outlive the executor that wrote them
+    executors.start("exec-2")
+    second, end = ask(lg_db, session, "what is my name?")
+    assert end.type == "run.completed", end
+    assert answer_of(lg_db, second) == "You first said: my name is Ada. Now: what is my name?."
+    assert run(lg_db, second).thread_id == run(lg_db, first).thread_id
+    # The second run started from the checkpoint the first one left.
+    resolved = [e for e in events(lg_db, second) if e.type == "agent.resolved"][0]
+    assert resolved.data["checkpoint_id"]
+    first_resolved = [e for e in events(lg_db, first) if e.type == "agent.resolved"][0]
+    assert first_resolved.data["checkpoint_id"] is None
+
+
+def test_streaming_order_tools_usage_and_resolved(lg_db, executors):
+    graph_agent(lg_db, pricing=PRICING)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    run_id, end = ask(lg_db, session, "weather in Paris")
+    assert end.type == "run.completed", end
+    evs = events(lg_db, run_id)
+    kinds = [e.type for e in evs]
+    assert kinds[:3] == ["run.queued", "run.started", "agent.resolved"], kinds
+    assert kinds.index("tool.call") < kinds.index("tool.result") < kinds.index("message.delta")
+    call = next(e.data for e in evs if e.type == "tool.call")
+    result = next(e.data for e in evs if e.type == "tool.result")
+    assert call == {"name": "get_weather", "input": {"city": "Paris"}, "call_id": call["call_id"]}
+    assert call["call_id"] and result["call_id"] == call["call_id"]
+    assert result["name"] == "get_weather" and result["output"] == "sunny in Paris"
+    deltas = [e.data["text"] for e in evs if e.type == "message.delta"]
+    assert len(deltas) > 1  # streamed in chunks, not one message
+    assert "".join(deltas) == answer_of(lg_db, run_id) == "The weather: sunny in Paris."
+    usages = [e.data for e in evs if e.type == "usage"]
+    assert len(usages) == 2  # one per model response: the tool call, then the answer
+    for usage in usages:
+        assert usage["model"] == "fake-model"
+        expected = (usage["input_tokens"] * 2.0 + usage["output_tokens"] * 8.0) / 1e6
+        assert usage["cost_usd"] == pytest.approx(expected)
+    resolved = evs[2].data
+    assert resolved["source"] == GRAPH and resolved["tools"] == ["get_weather"]
+    assert resolved["name"] == "graph" and resolved["package"] == "framework_agents"
+    assert len(resolved["content_hash"]) == 64
+    assert set(resolved) >= {"model", "instructions_sha256", "package_version", "checkpoint_id"}
+
+
+def test_unknown_price_is_null_and_factory_graph(lg_db, executors):
+    graph_agent(lg_db, graph="framework_agents.lg_graphs:build",
+                pricing={"another-model": {"input_per_million": 1, "output_per_million": 1}})
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    run_id, end = ask(lg_db, session, "hi")
+    assert end.type == "run.completed"
+    usage = next(e.data for e in events(lg_db, run_id) if e.type == "usage")
+    assert usage["cost_usd"] is None and usage["model"] == "fake-model"
+    resolved = next(e.data for e in events(lg_db, run_id) if e.type == "agent.resolved")
+    assert resolved["name"] == "weather-graph" and resolved["source"].endswith(":build")
+
+
+def test_interrupt_then_resume_on_the_same_thread(lg_db, executors):
+    graph_agent(lg_db, "planner", graph="framework_agents.lg_graphs:asking")
+    session = make_session(lg_db, agent_id="planner")
+    executors.start()
+    first, end = ask(lg_db, session, "plan a trip")
+    assert end.type == "run.completed"
+    assert end.data["awaiting_input"] is True
+    assert end.data["interrupt"] == "Which city, for 'plan a trip'?"
+    assert answer_of(lg_db, first) == "Which city, for 'plan a trip'?"
+    second, end = ask(lg_db, session, "Lisbon")
+    assert end.type == "run.completed" and "awaiting_input" not in end.data
+    assert answer_of(lg_db, second) == "Booked a trip to Lisbon."
+
+
+def test_cancel_stops_the_graph_and_nothing_follows(lg_db, executors):
+    graph_agent(lg_db)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    lg_graphs.SLOW_CHUNKS["count"] = 0
+    posted = post(lg_db, session, "slow please")
+    wait_until(lambda: any(e.type == "message.delta" for e in events(lg_db, posted.run_id)),
+               timeout=30)
+    with lg_db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(lg_db, posted.run_id, "cancelled", timeout=30)
+    end = assert_one_terminal_event(lg_db, posted.run_id)
+    assert end.data == {"external_stop_confirmed": True}
+    produced = lg_graphs.SLOW_CHUNKS["count"]
+    assert produced < 200  # the model stopped instead of generating its whole answer
+    evs = events(lg_db, posted.run_id)
+    kinds = [e.type for e in evs]
+    cancelling = kinds.index("run.cancelling")
+    # Only chunks already under way when the cancel was written, then the one confirmation.
+    assert set(kinds[cancelling + 1:-1]) <= {"message.delta"}, kinds
+    assert kinds[-1] == "run.cancelled" and kinds.count("run.cancelled") == 1
+    # Nothing ran on after the cancel: the model produces no more chunks.
+    wait_until(lambda: True, timeout=1.0)
+    assert lg_graphs.SLOW_CHUNKS["count"] == produced
+    assert [e.type for e in events(lg_db, posted.run_id)] == kinds
+
+
+def test_exception_in_the_graph_fails_the_run(lg_db, executors):
+    graph_agent(lg_db)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    run_id, end = ask(lg_db, session, "boom now")
+    assert end.type == "run.failed"
+    assert end.data["error"] == {"code": "agent_error", "message": "ValueError: the model broke"}
+
+
+def test_a_worker_that_cannot_load_the_graph_fails_the_run(lg_db, executors):
+    make_agent(lg_db, "missing", kind="langgraph", params={"graph": "no_such_module_x:graph"})
+    session = make_session(lg_db, agent_id="missing")
+    executors.start()
+    run_id, end = ask(lg_db, session, "hi")
+    assert end.type == "run.failed"
+    assert end.data["error"]["code"] == "agent_unavailable"
+    assert "no_such_module_x" in end.data["error"]["message"]
+    assert "agent.resolved" not in [e.type for e in events(lg_db, run_id)]
+
+
+def test_a_node_delegates_to_child_runs(lg_db, executors):
+    make_agent(lg_db, "helper", kind="echo")
+    graph_agent(lg_db, "boss", graph="framework_agents.lg_graphs:delegating")
+    session = make_session(lg_db, agent_id="boss")
+    executors.start(concurrency=1)
+    run_id, end = ask(lg_db, session, "the job")
+    assert end.type == "run.completed", end
+    assert answer_of(lg_db, run_id) == "children: succeeded, succeeded"
+    tree = runs(lg_db, root_run_id=run_id)
+    children = [r for r in tree if r.parent_run_id == run_id]
+    assert len(children) == 2 and {r.status for r in children} == {"succeeded"}
+    assert all(r.session_id is None and r.thread_id != run(lg_db, run_id).thread_id for r in children)
+    kinds = [e.type for e in events(lg_db, run_id)]
+    assert kinds.count("run.child_created") == 2 and kinds.count("run.child_finished") == 2
+
+
+@pytest.mark.parametrize(("graph", "fragment"), [
+    ("not a reference", "package.module:attr"),
+    ("no_such_module_x:graph", "cannot import module 'no_such_module_x'"),
+    ("framework_agents.lg_graphs:nope", "has no attribute 'nope'"),
+    ("framework_agents.lg_graphs:compiled", "compiled graph"),
+    ("framework_agents.lg_graphs:not_a_graph", "not a LangGraph StateGraph"),
+])
+def test_registration_refuses_what_cannot_run(graph, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        validate_definition("langgraph", {"graph": graph})
+    validate_definition("langgraph", {"graph": GRAPH})
+    validate_definition("langgraph", {"graph": "framework_agents.lg_graphs:build"})
+
+
+def test_registration_through_the_api_is_422_and_writes_nothing(api):
+    before = api.get("/api/agents", token=api.admin).json()
+    reply = api.post("/api/agents", token=api.admin, json={
+        "id": "bad-graph", "name": "Bad", "kind": "langgraph",
+        "params": {"graph": "framework_agents.lg_graphs:compiled"}})
+    assert reply.status == 422, reply
+    assert reply.json()["error"]["code"] == "validation_error"
+    assert "compiled graph" in reply.json()["error"]["message"]
+    assert api.get("/api/agents", token=api.admin).json() == before
+    reply = api.post("/api/agents", token=api.admin, json={
+        "id": "good-graph", "name": "Good", "kind": "langgraph", "params": {"graph": GRAPH}})
+    assert reply.status == 201, reply
+
+
+def test_a_separate_worker_process_runs_the_graph(lg_db, db_url, tmp_path):
+    graph_agent(lg_db)
+    session = make_session(lg_db, agent_id="weather")
+    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
+    with ProcessManager(tmp_path) as procs:
+        procs.worker(db_url, "lg-worker", PYTHONPATH=path)
+        first, end = ask(lg_db, session, "my name is Ada", timeout=60)
+        assert end.type == "run.completed", (end, procs.logs())
+        second, end = ask(lg_db, session, "and again", timeout=60)
+        assert end.type == "run.completed", (end, procs.logs())
+    assert run(lg_db, second).executor_instance_id == "lg-worker"
+    assert answer_of(lg_db, second) == "You first said: my name is Ada. Now: and again."

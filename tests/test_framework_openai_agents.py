@@ -1,0 +1,194 @@
+"""Kind ``openai-agents`` (CONTRACT §7): real Agents SDK agents with a fake model, run by the
+real executor on SQLite and PostgreSQL, the SDK's session stored in the ledger's database."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_agent, make_session, post
+from framework_agents import sdk_agents
+from process_helpers import (
+    ExecutorPool,
+    assert_one_terminal_event,
+    events,
+    message_content,
+    run,
+    runs,
+    wait_for_status,
+    wait_terminal,
+    wait_until,
+)
+
+from agentledger.agent_kinds import validate_definition
+from agentledger.agent_kinds.storage import setup_framework_storage
+from ingest.cancel import request_cancel
+
+AGENT = "framework_agents.sdk_agents:assistant"
+PRICING = {"fake-sdk-model": {"input_per_million": 3.0, "output_per_million": 12.0}}
+
+
+@pytest.fixture
+def sdk_db(db, db_url):
+    setup_framework_storage(db_url)
+    return db
+
+
+@pytest.fixture
+def executors(sdk_db):
+    with ExecutorPool(sdk_db) as pool:
+        yield pool
+
+
+def sdk_agent(db, agent_id="assistant", agent=AGENT, **params) -> str:
+    return make_agent(db, agent_id, kind="openai-agents", params={"agent": agent, **params})
+
+
+def ask(db, session_id: str, text: str, *, timeout: float = 30.0):
+    posted = post(db, session_id, text)
+    wait_terminal(db, posted.run_id, timeout=timeout)
+    return posted.run_id, assert_one_terminal_event(db, posted.run_id)
+
+
+def answer_of(db, run_id: str) -> str:
+    return message_content(db, run(db, run_id).final_message_id)
+
+
+def test_memory_across_runs_and_a_fresh_executor(sdk_db, executors):
+    sdk_agent(sdk_db)
+    session = make_session(sdk_db, agent_id="assistant")
+    executors.start("exec-1")
+    first, end = ask(sdk_db, session, "my name is Ada")
+    assert end.type == "run.completed", end
+    assert answer_of(sdk_db, first) == "Hello, you said: my name is Ada."
+    executors.close()
+    executors.start("exec-2")
+    second, end = ask(sdk_db, session, "what is my name?")
+    assert end.type == "run.completed", end
+    assert answer_of(sdk_db, second) == "You first said: my name is Ada. Now: what is my name?."
+    resolved = [e.data for e in events(sdk_db, second) if e.type == "agent.resolved"][0]
+    assert resolved["session_items"] == 2  # the first run's question and answer
+
+
+def test_streaming_tools_usage_pricing_and_resolved(sdk_db, executors):
+    sdk_agent(sdk_db, pricing=PRICING)
+    session = make_session(sdk_db, agent_id="assistant")
+    executors.start()
+    run_id, end = ask(sdk_db, session, "weather in Paris")
+    assert end.type == "run.completed", end
+    evs = events(sdk_db, run_id)
+    kinds = [e.type for e in evs]
+    assert kinds[:3] == ["run.queued", "run.started", "agent.resolved"], kinds
+    assert kinds.index("tool.call") < kinds.index("tool.result") < kinds.index("message.delta")
+    call = next(e.data for e in evs if e.type == "tool.call")
+    result = next(e.data for e in evs if e.type == "tool.result")
+    assert call == {"name": "get_weather", "input": {"city": "Paris"}, "call_id": call["call_id"]}
+    assert call["call_id"] and result == {"name": "get_weather", "output": "sunny in Paris",
+                                          "call_id": call["call_id"]}
+    deltas = [e.data["text"] for e in evs if e.type == "message.delta"]
+    assert len(deltas) > 1
+    assert "".join(deltas) == answer_of(sdk_db, run_id) == "The result: sunny in Paris."
+    usages = [e.data for e in evs if e.type == "usage"]
+    assert len(usages) == 2
+    for usage in usages:
+        assert usage["model"] == "fake-sdk-model"
+        expected = (usage["input_tokens"] * 3.0 + usage["output_tokens"] * 12.0) / 1e6
+        assert usage["cost_usd"] == pytest.approx(expected)
+    resolved = evs[2].data
+    assert resolved["name"] == "Assistant" and resolved["model"] == "fake-sdk-model"
+    assert resolved["tools"] == ["ask_helpers", "get_weather"]
+    assert resolved["source"] == AGENT and len(resolved["instructions_sha256"]) == 64
+    assert len(resolved["content_hash"]) == 64 and resolved["package"] == "framework_agents"
+
+
+def test_handoff_and_null_cost_for_an_unpriced_model(sdk_db, executors):
+    sdk_agent(sdk_db, "triage", agent="framework_agents.sdk_agents:triage", pricing=PRICING)
+    session = make_session(sdk_db, agent_id="triage")
+    executors.start()
+    run_id, end = ask(sdk_db, session, "transfer me please")
+    assert end.type == "run.completed", end
+    evs = events(sdk_db, run_id)
+    handoffs = [e.data for e in evs if e.type == "agent.handoff"]
+    assert handoffs == [{"from_agent": "Triage", "to_agent": "Specialist"}]
+    assert answer_of(sdk_db, run_id) == "Specialist here, about: transfer me please."
+    costs = {e.data["model"]: e.data["cost_usd"] for e in evs if e.type == "usage"}
+    assert costs["fake-specialist"] is None and costs["fake-sdk-model"] is not None
+
+
+def test_factory_agent(sdk_db, executors):
+    sdk_agent(sdk_db, agent="framework_agents.sdk_agents:make_assistant")
+    session = make_session(sdk_db, agent_id="assistant")
+    executors.start()
+    run_id, end = ask(sdk_db, session, "hi")
+    assert end.type == "run.completed"
+    resolved = next(e.data for e in events(sdk_db, run_id) if e.type == "agent.resolved")
+    assert resolved["name"] == "Assistant (factory)"
+
+
+def test_cancel_stops_the_agent_and_nothing_follows(sdk_db, executors):
+    sdk_agent(sdk_db)
+    session = make_session(sdk_db, agent_id="assistant")
+    executors.start()
+    sdk_agents.SLOW_DELTAS["count"] = 0
+    posted = post(sdk_db, session, "slow please")
+    wait_until(lambda: any(e.type == "message.delta" for e in events(sdk_db, posted.run_id)),
+               timeout=30)
+    with sdk_db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(sdk_db, posted.run_id, "cancelled", timeout=30)
+    end = assert_one_terminal_event(sdk_db, posted.run_id)
+    assert end.data == {"external_stop_confirmed": True}
+    kinds = [e.type for e in events(sdk_db, posted.run_id)]
+    cancelling = kinds.index("run.cancelling")
+    assert set(kinds[cancelling + 1:-1]) <= {"message.delta"}, kinds
+    produced = sdk_agents.SLOW_DELTAS["count"]
+    assert produced < 200
+    wait_until(lambda: True, timeout=1.0)
+    assert sdk_agents.SLOW_DELTAS["count"] == produced
+    assert [e.type for e in events(sdk_db, posted.run_id)] == kinds
+
+
+def test_exception_fails_the_run_and_a_missing_agent_is_unavailable(sdk_db, executors):
+    sdk_agent(sdk_db)
+    sdk_agent(sdk_db, "missing", agent="framework_agents.sdk_agents:nope")
+    executors.start()
+    run_id, end = ask(sdk_db, make_session(sdk_db, agent_id="assistant"), "boom now")
+    assert end.type == "run.failed"
+    assert end.data["error"] == {"code": "agent_error", "message": "ValueError: the model broke"}
+    run_id, end = ask(sdk_db, make_session(sdk_db, agent_id="missing"), "hi")
+    assert end.type == "run.failed" and end.data["error"]["code"] == "agent_unavailable"
+    assert "has no attribute 'nope'" in end.data["error"]["message"]
+
+
+def test_a_tool_delegates_to_child_runs(sdk_db, executors):
+    make_agent(sdk_db, "helper", kind="echo")
+    sdk_agent(sdk_db)
+    session = make_session(sdk_db, agent_id="assistant")
+    executors.start(concurrency=1)
+    run_id, end = ask(sdk_db, session, "delegate the job")
+    assert end.type == "run.completed", end
+    assert answer_of(sdk_db, run_id) == "The result: succeeded, succeeded."
+    children = [r for r in runs(sdk_db, root_run_id=run_id) if r.parent_run_id == run_id]
+    assert len(children) == 2 and {r.status for r in children} == {"succeeded"}
+
+
+@pytest.mark.parametrize(("agent", "fragment"), [
+    ("agents-not-a-ref", "package.module:attr"),
+    ("no_such_module_y:agent", "cannot import module 'no_such_module_y'"),
+    ("framework_agents.sdk_agents:nope", "has no attribute 'nope'"),
+    ("framework_agents.sdk_agents:not_an_agent", "not an Agents SDK Agent"),
+])
+def test_registration_refuses_what_cannot_run(agent, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        validate_definition("openai-agents", {"agent": agent})
+    validate_definition("openai-agents", {"agent": AGENT})
+    validate_definition("openai-agents", {"agent": "framework_agents.sdk_agents:make_assistant"})
+
+
+def test_registration_through_the_api_is_422_and_writes_nothing(api):
+    before = api.get("/api/agents", token=api.admin).json()
+    reply = api.post("/api/agents", token=api.admin, json={
+        "id": "bad-sdk", "name": "Bad", "kind": "openai-agents",
+        "params": {"agent": "framework_agents.sdk_agents:not_an_agent"}})
+    assert reply.status == 422, reply
+    assert reply.json()["error"]["code"] == "validation_error"
+    assert "not an Agents SDK Agent" in reply.json()["error"]["message"]
+    assert api.get("/api/agents", token=api.admin).json() == before
