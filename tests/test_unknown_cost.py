@@ -12,11 +12,13 @@ from datetime import timedelta
 import history as h
 import pytest
 from dashboard_helpers import call, logged_in, make_app, texts, tokens
+from factories import make_agent
 from rollup_checks import assert_rollup_matches_scan
 
 from agentledger.agent_kinds import RunContext, cost_usd, validate_definition
 from agentledger.agent_kinds.scripted import run_scripted
 from agentledger.core.errors import ValidationFailed
+from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import
 from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
 
@@ -172,3 +174,28 @@ def test_the_agents_page_says_unknown_and_notes_left_out_groups(db, ledger, monk
     response = call(client, outputs, inputs, state, changed=["agents-window.value"])
     assert [row["label"] for row in response["agents-all"]["rowData"]] == ["Mixed (mixed)"]
     assert "Only the 1 busiest agents" in " ".join(texts(response["agents-note"]["children"]))
+
+
+def test_a_bulk_import_counts_unpriced_runs_apart_too(db):
+    make_agent(db, "alpha")
+    start = h.at_seconds(0)
+
+    def at(seconds):
+        return start + timedelta(seconds=seconds)
+
+    chat = ImportedSession(owner_id="alice", agent_id="alpha", created_at=at(-10), title="imported")
+
+    def imported(n, cost):
+        return ImportedRun(agent_id="alpha", agent_version=1, input="q", created_at=at(10 * n),
+                           session=chat, events=[
+            ImportedEvent("run.started", {"executor_instance_id": "ext",
+                                          "lease_expires_at": at(10 * n + 60).isoformat()}, at(10 * n + 1)),
+            ImportedEvent("usage", {"input_tokens": 5, "output_tokens": 1, "cost_usd": cost},
+                          at(10 * n + 2)),
+            ImportedEvent("run.failed", {"error": {"code": "x", "message": "y"}}, at(10 * n + 3)),
+        ])
+
+    bulk_import(db, [imported(0, 0.5), imported(1, None), imported(2, None)])
+    assert_rollup_matches_scan(db)
+    alpha = _outcomes(db, TimeWindow(start - DAY, start + 2 * DAY))["alpha"]
+    assert (alpha.runs, alpha.cost_usd, alpha.runs_without_cost) == (3, pytest.approx(0.5), 2)
