@@ -118,6 +118,12 @@ class AgentOutcomes:
     def version(self, agent_id: str, version: int) -> Outcome | None:
         return next((v for v in self.versions if v.agent_id == agent_id and v.version == version), None)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON twin's body: both lists and whether groups were left out."""
+        return {"agents": [a.as_dict() for a in self.agents],
+                "versions": [v.as_dict() for v in self.versions],
+                "groups_truncated": self.groups_truncated}
+
 
 def _sums(table):
     hist = [func.sum(table[c]) for c in (*LATENCY_COLUMNS, *WAIT_COLUMNS)]

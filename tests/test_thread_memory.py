@@ -8,6 +8,8 @@ Histories are built through the real write path on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import threading
 from datetime import timedelta
 
 import history as h
@@ -186,8 +188,23 @@ def test_the_executor_gives_each_run_its_history_and_current_run(db, test_kind):
             return await asyncio.create_task(tool())
 
         from_task = asyncio.run(deep_inside_a_framework())
+        # a thread the agent starts itself inherits no context (Python semantics) unless the
+        # agent hands it on with copy_context()
+        in_threads = {}
+
+        def look(name):
+            try:
+                in_threads[name] = current_run() is ctx
+            except LookupError:
+                in_threads[name] = "LookupError"
+
+        bare = threading.Thread(target=look, args=("bare",))
+        handed = threading.Thread(target=contextvars.copy_context().run, args=(look, "handed"))
+        for t in (bare, handed):
+            t.start()
+            t.join()
         seen[ctx.input] = {"history": list(ctx.history), "plain": current_run() is ctx,
-                           "task": from_task is ctx}
+                           "task": from_task is ctx, "threads": in_threads}
         ctx.say(f"heard {ctx.input} after {len(ctx.history)} turns")
 
     test_kind("recall", recall)
@@ -199,7 +216,8 @@ def test_the_executor_gives_each_run_its_history_and_current_run(db, test_kind):
         wait_terminal(db, first.run_id)
         second = post(db, chat, "two")
         wait_terminal(db, second.run_id)
-    assert seen["one"] == {"history": [], "plain": True, "task": True}
+    assert seen["one"] == {"history": [], "plain": True, "task": True,
+                           "threads": {"bare": "LookupError", "handed": True}}
     assert [(t["role"], t["content"]) for t in seen["two"]["history"]] == [
         ("user", "one"), ("assistant", "heard one after 0 turns")]
     assert seen["two"]["plain"] and seen["two"]["task"]

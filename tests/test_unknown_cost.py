@@ -141,7 +141,8 @@ def test_outcomes_keep_the_busiest_groups_and_say_others_were_left_out(db, ledge
         again = agent_outcomes(s, window, max_groups=1)
         three = agent_outcomes(s, window, max_groups=3)
     assert not everything.groups_truncated and len(everything.agents) == 3
-    assert one.groups_truncated
+    assert one.groups_truncated and one.as_dict()["groups_truncated"] is True
+    assert everything.as_dict()["agents"][0]["runs_without_cost"] == 1  # mixed, sorted by id
     # the most runs first (mixed: 3), the same answer every time
     assert [o.agent_id for o in one.agents] == ["mixed"] == [o.agent_id for o in again.agents]
     assert [(v.agent_id, v.version) for v in one.versions] == [("mixed", 1)]
