@@ -37,6 +37,7 @@ from agentledger.core.database import Database
 from agentledger.core.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
 from agentledger.core.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
+from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.schema import (
     AgentRun,
     AgentVersion,
@@ -49,7 +50,7 @@ from agentledger.core.schema import (
 from agentledger.core.vocabulary import TERMINAL
 from ingest.event_types import validated_data
 from ingest.events import NOT_REDACTED
-from ingest.rollup import RollupBatch, RunOutcome, usage_totals
+from ingest.rollup import RollupBatch, RunOutcome
 from ingest.runs import (
     ContextItem,
     context_pack,

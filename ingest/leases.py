@@ -7,7 +7,7 @@ reconciler (``run.interrupted``), never by running the model again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, lease_deadline
 from ingest.state_machine import Lease
+from queries.thread_history import as_turns, thread_history
 
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 3600
@@ -37,6 +38,9 @@ class ClaimedRun:
     context_pack_snapshot: dict[str, Any]
     context: list[dict[str, Any]]
     lease_expires_at: datetime
+    # The thread's earlier turns (CONTRACT §7), fixed when the run is claimed: its thread's
+    # earlier runs have all ended (per-thread FIFO).
+    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _check_lease_seconds(lease_seconds: float) -> None:
@@ -157,6 +161,7 @@ def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:
         context_pack_snapshot=row.context_pack_snapshot,
         context=[{**i, "content": contents.get(i["sha256"])} for i in items],
         lease_expires_at=expires,
+        history=as_turns(thread_history(session, run_id)),
     )
 
 

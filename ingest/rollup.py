@@ -5,22 +5,22 @@
 event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
 frozen agent version, the UTC day and hour it was *created* (what the read side's windows
 select runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
-when it ends: a terminal event is always the last one, so that sum is final, and a run that
+when it ends (a run with an unpriced call counts in ``runs_without_cost``, not as free): a terminal event is always the last one, so that sum is final, and a run that
 has not ended is not in the rollup at all (the read side adds those few live runs itself).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
-from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
+from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS
+from agentledger.core.outcome_sums import OutcomeSums, usage_totals
 from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
 from agentledger.core.vocabulary import TERMINAL
 
@@ -36,8 +36,6 @@ ROLLUP_SHARDS = 16
 def rollup_shard(run_id: str) -> int:
     """The shard a run's ending is counted in: stable, and spread evenly over run ids."""
     return zlib.crc32(run_id.encode()) % ROLLUP_SHARDS
-_SUMS = ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
-         "output_tokens", "cost_usd")
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class RunOutcome:
     finished_at: datetime
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: a call of the run had no price
 
     @property
     def latency(self) -> float | None:
@@ -65,55 +63,9 @@ class RunOutcome:
         return (self.started_at - self.created_at).total_seconds()
 
 
-def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float]:
-    """(input tokens, output tokens, cost) summed over ``usage`` event data."""
-    tokens_in = tokens_out = 0
-    cost = 0.0
-    for d in datas:
-        tokens_in += int(d.get("input_tokens") or 0)
-        tokens_out += int(d.get("output_tokens") or 0)
-        cost += float(d.get("cost_usd") or 0)
-    return tokens_in, tokens_out, cost
-
-
-@dataclass
-class _Row:
-    sums: dict = field(default_factory=lambda: dict.fromkeys(_SUMS, 0))
-    latency_min: float | None = None
-    latency_max: float | None = None
-    wait_min: float | None = None
-    wait_max: float | None = None
-    latency_h: dict[int, int] = field(default_factory=dict)
-    wait_h: dict[int, int] = field(default_factory=dict)
-
-
-def _lower(a: float | None, b: float) -> float:
-    return b if a is None or b < a else a
-
-
-def _higher(a: float | None, b: float) -> float:
-    return b if a is None or b > a else a
-
-
-def _accumulate(row: _Row, outcome: RunOutcome) -> None:
-    sums = row.sums
-    sums["runs"] += 1
-    sums["input_tokens"] += outcome.input_tokens
-    sums["output_tokens"] += outcome.output_tokens
-    sums["cost_usd"] += outcome.cost_usd
-    latency, wait = outcome.latency, outcome.wait
-    if latency is not None:
-        sums["latency_n"] += 1
-        sums["latency_sum"] += latency
-        row.latency_min, row.latency_max = _lower(row.latency_min, latency), _higher(row.latency_max, latency)
-        b = bucket_of(latency)
-        row.latency_h[b] = row.latency_h.get(b, 0) + 1
-    if wait is not None:
-        sums["wait_n"] += 1
-        sums["wait_sum"] += wait
-        row.wait_min, row.wait_max = _lower(row.wait_min, wait), _higher(row.wait_max, wait)
-        b = bucket_of(wait)
-        row.wait_h[b] = row.wait_h.get(b, 0) + 1
+def _accumulate(row: OutcomeSums, outcome: RunOutcome) -> None:
+    row.add_run(outcome.status, outcome.latency, outcome.wait)
+    row.add_usage(outcome.input_tokens, outcome.output_tokens, outcome.cost_usd)
 
 
 def _hour_of(moment: datetime) -> datetime:
@@ -125,8 +77,8 @@ class RollupBatch:
     written with one upsert per table."""
 
     def __init__(self) -> None:
-        self.days: dict[tuple[str, int, date, str, int], _Row] = {}
-        self.hours: dict[tuple[str, int, datetime, str, int], _Row] = {}
+        self.days: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
+        self.hours: dict[tuple[str, int, datetime, str, int], OutcomeSums] = {}
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
         if outcome.status not in TERMINAL:
@@ -136,7 +88,7 @@ class RollupBatch:
             key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
             row = rows.get(key)
             if row is None:
-                row = rows[key] = _Row()
+                row = rows[key] = OutcomeSums()
             _accumulate(row, outcome)
 
     def write(self, session: Session) -> None:
@@ -148,23 +100,25 @@ class RollupBatch:
             rows.clear()
 
 
-def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, _Row]) -> None:
-    used_latency = sorted({b for r in rows.values() for b in r.latency_h})
-    used_wait = sorted({b for r in rows.values() for b in r.wait_h})
+def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> None:
+    used_latency = [b for b in range(BUCKETS) if any(r.latency.histogram[b] for r in rows.values())]
+    used_wait = [b for b in range(BUCKETS) if any(r.wait.histogram[b] for r in rows.values())]
     values = []
     for key in sorted(rows):
         row = rows[key]
         item = dict(zip(key_columns, key, strict=True))
-        item.update(row.sums)
-        item["latency_sum"] = float(item["latency_sum"])
-        item["wait_sum"] = float(item["wait_sum"])
-        item["cost_usd"] = float(item["cost_usd"])
-        item.update(latency_min=row.latency_min, latency_max=row.latency_max,
-                    wait_min=row.wait_min, wait_max=row.wait_max)
+        item.update(
+            runs=row.runs, latency_n=row.latency.n, latency_sum=float(row.latency.total),
+            wait_n=row.wait.n, wait_sum=float(row.wait.total), input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens, cost_usd=float(row.cost_usd),
+            runs_without_cost=row.runs_without_cost,
+            latency_min=row.latency.min, latency_max=row.latency.max,
+            wait_min=row.wait.min, wait_max=row.wait.max,
+        )
         for b in used_latency:
-            item[LATENCY_COLUMNS[b]] = row.latency_h.get(b, 0)
+            item[LATENCY_COLUMNS[b]] = row.latency.histogram[b]
         for b in used_wait:
-            item[WAIT_COLUMNS[b]] = row.wait_h.get(b, 0)
+            item[WAIT_COLUMNS[b]] = row.wait.histogram[b]
         values.append(item)
     dialect.upsert_adding(session, table, key_columns, values,
                           least=("latency_min", "wait_min"),
@@ -179,7 +133,7 @@ def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> 
     batch.write(session)
 
 
-def run_usage(session: Session, run_id: str) -> tuple[int, int, float]:
+def run_usage(session: Session, run_id: str) -> tuple[int, int, float | None]:
     """Tokens and cost of the run's stored ``usage`` events (a primary-key range read)."""
     return usage_totals(session.execute(
         select(RunEvent.data).where(RunEvent.run_id == run_id, RunEvent.type == "usage")

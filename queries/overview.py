@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from agentledger.core import read_sql as _dialect
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import NON_TERMINAL
-from queries.agent_outcomes import outcome_trend
 from queries.common import TimeWindow, clamp_limit, iso
 from queries.interrupted_runs import InterruptedFilters, interrupted_runs
 from queries.lease_health import lease_health
+from queries.outcome_trend import outcome_trend
 
 
 @dataclass(frozen=True)

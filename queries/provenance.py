@@ -16,6 +16,7 @@ from queries.agents_catalog import version_dict
 from queries.common import DEFAULT_LIMIT, Page, iso, run_summary, run_visible_to
 from queries.message_search import MessageSearch, search_messages
 from queries.sessions import session_dict
+from queries.thread_history import thread_history
 
 
 class UserMessage(Exception):
@@ -62,6 +63,8 @@ def message_provenance(
         "agent_execution_snapshot": snapshot,
         "context_pack_snapshot": run.context_pack_snapshot,
         "session": session_dict(chat) if chat is not None else None,
+        # What the producing run had in memory: its thread's earlier turns, with message ids.
+        "history": thread_history(session, run.id),
     }
 
 

@@ -14,7 +14,7 @@ from agentledger.core.vocabulary import TERMINAL
 def _empty() -> dict:
     return {"runs": 0, "latency_n": 0, "latency_sum": 0.0, "latency_min": None,
             "latency_max": None, "wait_n": 0, "wait_sum": 0.0, "wait_min": None, "wait_max": None,
-            "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+            "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "runs_without_cost": 0,
             "latency_h": [0] * BUCKETS, "wait_h": [0] * BUCKETS}
 
 
@@ -41,10 +41,16 @@ def scanned(db, by: str = "day") -> dict:
         row = found.setdefault((r.agent_id, r.agent_version, _period(r.created_at, by), r.status),
                                _empty())
         row["runs"] += 1
+        costs = []
         for d in usage.get(r.id, ()):
             row["input_tokens"] += d["input_tokens"]
             row["output_tokens"] += d["output_tokens"]
-            row["cost_usd"] += d["cost_usd"]
+            costs.append(d.get("cost_usd"))
+        # A run with an unpriced call has an unknown cost: counted apart, never as zero.
+        if None in costs:
+            row["runs_without_cost"] += 1
+        else:
+            row["cost_usd"] += sum(costs)
         if r.started_at is not None:
             for name, value in (("latency", (r.finished_at - r.started_at).total_seconds()),
                                 ("wait", (r.started_at - r.created_at).total_seconds())):
@@ -66,7 +72,7 @@ def stored(db, by: str = "day") -> dict:
         key = (r["agent_id"], r["agent_version"], r[by], r["status"])
         row = found.setdefault(key, _empty())
         for name in ("runs", "latency_n", "latency_sum", "wait_n", "wait_sum", "input_tokens",
-                     "output_tokens", "cost_usd"):
+                     "output_tokens", "cost_usd", "runs_without_cost"):
             row[name] += r[name]
         for name, pick in (("latency_min", min), ("wait_min", min), ("latency_max", max),
                            ("wait_max", max)):

@@ -14,8 +14,9 @@ from sqlalchemy import select
 from agentledger.core.outcome_histogram import EDGES, bucket_of, estimate_percentiles
 from agentledger.core.schema import AgentOutcomeRollup
 from ingest.rollup import ROLLUP_SHARDS, rebuild_rollup, rollup_shard
-from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
+from queries.outcome_trend import outcome_trend
 
 DAY = timedelta(days=1)
 
@@ -172,7 +173,7 @@ def test_a_window_inside_one_day_and_an_empty_rollup(db):
 
 @pytest.mark.parametrize("width", [3600, 6 * 3600, 7 * 86400])
 def test_hour_wide_trend_buckets_from_the_hour_rollup_equal_a_scan(db, width):
-    from queries.agent_outcomes import _trend_by_scan
+    from queries.outcome_trend import _trend_by_scan
 
     random_lifecycles(db, random.Random(5), 30)
     windows = [

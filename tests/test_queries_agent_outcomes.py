@@ -8,8 +8,9 @@ from datetime import timedelta
 import history as h
 import pytest
 
-from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
+from queries.outcome_trend import outcome_trend
 
 DAY = timedelta(days=1)
 WINDOW = TimeWindow(h.at_seconds(0), h.at_seconds(0) + 2 * DAY)
@@ -108,7 +109,7 @@ def test_per_agent_totals_cover_all_versions(db, ledger):
     # one run: the estimate is clamped to the observed minimum and maximum, so it is exact
     assert (beta.runs, beta.latency_p50, beta.queue_wait_p50) == (1, approx(1), approx(1))
     assert (beta.input_tokens, beta.cost_usd) == (0, 0.0)
-    assert not found.percentiles_truncated
+    assert not found.groups_truncated
     assert [(v.agent_id, v.version) for v in found.versions] == [("alpha", 1), ("alpha", 2),
                                                                   ("beta", 1)]
     assert found.versions_of("beta")[0].as_dict()["latency_p99"] == approx(1)

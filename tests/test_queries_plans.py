@@ -14,11 +14,12 @@ import history as h
 import pytest
 from sqlalchemy import event
 
-from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
 from queries.interrupted_runs import InterruptedFilters, interrupted_runs, interruption_trend
 from queries.lease_health import lease_health
 from queries.message_search import MessageSearch, search_messages
+from queries.outcome_trend import outcome_trend
 from queries.overview import overview
 from queries.provenance import messages_by_agent_version
 from queries.status_timeline import TimelineFilters, status_timeline

@@ -20,6 +20,7 @@ from importlib.metadata import entry_points
 
 from agentledger.agent_kinds import langgraph_kind, openai_agents_kind
 from agentledger.agent_kinds.echo import run_echo
+from agentledger.agent_kinds.pricing import cost_usd, validate_pricing
 from agentledger.agent_kinds.run_context import (
     AgentFailed,
     RunCancelled,
@@ -29,6 +30,7 @@ from agentledger.agent_kinds.run_context import (
     unbind_current_run,
 )
 from agentledger.agent_kinds.scripted import run_scripted, validate_steps
+from agentledger.core.agent_params import validate_history_limit
 
 AgentKind = Callable[[RunContext], "str | None"]
 
@@ -57,6 +59,8 @@ def validate_definition(kind: str, params: dict) -> None:
     """Raise ``ValueError`` with a sentence when a definition cannot run."""
     if kind not in available_kinds():
         raise ValueError(f"unknown agent kind {kind!r}; known: {', '.join(sorted(available_kinds()))}")
+    validate_history_limit(params)
+    validate_pricing(params.get("pricing"))
     if kind == "scripted":
         validate_steps(params.get("steps"))
     elif kind == "langgraph":
@@ -67,5 +71,5 @@ def validate_definition(kind: str, params: dict) -> None:
 
 __all__ = [
     "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "bind_current_run",
-    "current_run", "kind_for", "unbind_current_run", "validate_definition",
+    "cost_usd", "current_run", "kind_for", "unbind_current_run", "validate_definition",
 ]

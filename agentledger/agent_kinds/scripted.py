@@ -1,13 +1,14 @@
 """``scripted``: runs ``params.steps`` in order (CONTRACT §5), for demos and tests.
 
 Steps: ``{"say": text}``, ``{"sleep": seconds}``, ``{"tool": name, "input": …, "output": …}``,
-``{"usage": {…}}``, ``{"delegate": [{"agent_id", "input"}, …]}``, ``{"fail": message}``.
+``{"usage": {…}}`` (priced from ``params.pricing`` when it has no ``cost_usd``), ``{"delegate": [{"agent_id", "input"}, …]}``, ``{"fail": message}``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentledger.agent_kinds.pricing import cost_usd
 from agentledger.agent_kinds.run_context import AgentFailed, RunContext
 
 STEP_KEYS = ("say", "sleep", "tool", "usage", "delegate", "fail")
@@ -45,6 +46,22 @@ def validate_steps(steps: Any) -> None:
                     raise ValueError(f"{where}.delegate items need an agent_id")
 
 
+def usage_data(ctx: RunContext, usage: dict[str, Any]) -> dict[str, Any]:
+    """A ``usage`` step's event: ``cost_usd`` as given, else priced from ``params.pricing``
+    for the step's ``model`` (default: the agent's), else ``null`` (unknown)."""
+    tokens_in = int(usage.get("input_tokens", 0))
+    tokens_out = int(usage.get("output_tokens", 0))
+    model = usage.get("model") or ctx.agent_execution_snapshot.get("model")
+    if "cost_usd" in usage:
+        cost = None if usage["cost_usd"] is None else float(usage["cost_usd"])
+    else:
+        cost = cost_usd(ctx.params, model, tokens_in, tokens_out)
+    data: dict[str, Any] = {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
+    if model:
+        data["model"] = model
+    return data
+
+
 def run_scripted(ctx: RunContext) -> str | None:
     for step in ctx.params.get("steps") or []:
         if "say" in step:
@@ -55,12 +72,7 @@ def run_scripted(ctx: RunContext) -> str | None:
             ctx.emit("tool.call", {"name": step["tool"], "input": step.get("input", {})})
             ctx.emit("tool.result", {"name": step["tool"], "output": step.get("output", {})})
         elif "usage" in step:
-            usage = step["usage"]
-            ctx.emit("usage", {
-                "input_tokens": int(usage.get("input_tokens", 0)),
-                "output_tokens": int(usage.get("output_tokens", 0)),
-                "cost_usd": float(usage.get("cost_usd", 0.0)),
-            })
+            ctx.emit("usage", usage_data(ctx, step["usage"]))
         elif "delegate" in step:
             ctx.delegate([
                 {"agent_id": c["agent_id"], "input": str(c.get("input", ctx.input)).replace("{input}", ctx.input)}

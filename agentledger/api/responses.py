@@ -171,6 +171,8 @@ class ProvenanceOut(BaseModel):
     agent_execution_snapshot: dict[str, Any]
     context_pack_snapshot: dict[str, Any]
     session: SessionOut | None
+    # The producing run's memory: {"role", "content", "run_id", "created_at", "message_id"}.
+    history: list[dict[str, Any]]
 
 
 class EvidenceOut(Open):
@@ -194,6 +196,8 @@ class ClaimedRunOut(Open):
     agent_execution_snapshot: dict[str, Any]
     context_pack_snapshot: dict[str, Any]
     lease_expires_at: str
+    # The thread's earlier turns, oldest first: {"role", "content", "run_id", "created_at"}.
+    history: list[dict[str, Any]]
 
 
 class ClaimOut(BaseModel):

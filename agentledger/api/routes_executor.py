@@ -39,6 +39,7 @@ def executor_claim(body: ClaimBody, raw_body):
             "agent_execution_snapshot": c.agent_execution_snapshot,
             "context_pack_snapshot": c.context_pack_snapshot,
             "context": c.context,
+            "history": c.history,
             "lease_expires_at": c.lease_expires_at.isoformat(),
         }
         for c in claimed

@@ -301,7 +301,10 @@ class _OutcomeMeasures:
     wait_max: Mapped[float | None] = mapped_column(Float)
     input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
     output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    cost_usd: Mapped[float] = mapped_column(Float, nullable=False)
+    cost_usd: Mapped[float] = mapped_column(Float, nullable=False)  # of the runs with a known cost
+    # Runs with a ``usage`` event whose ``cost_usd`` is null: their cost is unknown, not zero.
+    runs_without_cost: Mapped[int] = mapped_column(BigInteger, nullable=False,
+                                                   server_default=text("0"))
 
 
 class AgentOutcomeRollup(_OutcomeMeasures, Base):

@@ -193,7 +193,7 @@ class Executor:
             ctx = RunContext(run_id=run.run_id, thread_id=run.thread_id, input=run.input,
                              agent_execution_snapshot=run.agent_execution_snapshot,
                              context_pack_snapshot=run.context_pack_snapshot,
-                             context=run.context, port=self,
+                             context=run.context, history=list(run.history), port=self,
                              database_url=self.db.url if self.db is not None else None)
             kind_name = run.agent_execution_snapshot.get("kind")
             kind = kind_for(kind_name)

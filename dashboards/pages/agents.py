@@ -11,8 +11,9 @@ from dash import Input, Output, State, ctx, dcc, html
 from dashboards import components as ui
 from dashboards import figures, params
 from dashboards.page_registry import callback
-from queries.agent_outcomes import agent_outcomes, outcome_trend
+from queries.agent_outcomes import agent_outcomes
 from queries.agents_catalog import get_agent, list_agents
+from queries.outcome_trend import outcome_trend
 from queries.provenance import diff_agent_versions
 
 P = "agents"
@@ -46,7 +47,17 @@ METRICS = (
     ("Input tokens", "input_tokens", lambda v: f"{v:,}"),
     ("Output tokens", "output_tokens", lambda v: f"{v:,}"),
     ("Cost", "cost_usd", lambda v: f"${v:,.4f}"),
+    ("Runs without a price", "runs_without_cost", str),
 )
+
+
+def cost_text(outcome: dict) -> str:
+    """The summed cost, ``unknown`` when no run had a price, and how many runs had none."""
+    if outcome["cost_usd"] is None:
+        return "unknown"
+    text = f"${outcome['cost_usd']:,.4f}"
+    missing = outcome.get("runs_without_cost") or 0
+    return f"{text} (+{missing} run{'s' if missing != 1 else ''} unpriced)" if missing else text
 
 
 def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_):
@@ -123,7 +134,7 @@ def _row(outcome: dict, label: str) -> dict:
         "p50": ui.seconds(outcome["latency_p50"]), "p95": ui.seconds(outcome["latency_p95"]),
         "p99": ui.seconds(outcome["latency_p99"]), "wait": ui.seconds(outcome["queue_wait_p50"]),
         "tokens": f"{outcome['input_tokens']:,} / {outcome['output_tokens']:,}",
-        "cost": f"${outcome['cost_usd']:,.4f}",
+        "cost": cost_text(outcome),
     }
 
 
@@ -140,8 +151,13 @@ def _side_by_side(agent_id: str, a: int, b: int, va: dict | None, vb: dict | Non
         value = _metric(outcome, key)
         return "–" if value is None else show(value)
 
-    rows = [html.Tr([html.Th(label, className="fw-normal text-muted"), html.Td(fmt(va, key, show)),
-                     html.Td(fmt(vb, key, show))]) for label, key, show in METRICS]
+    def shown(outcome, key, show):
+        if key == "cost_usd" and outcome is not None:
+            return cost_text(outcome)
+        return fmt(outcome, key, show)
+
+    rows = [html.Tr([html.Th(label, className="fw-normal text-muted"), html.Td(shown(va, key, show)),
+                     html.Td(shown(vb, key, show))]) for label, key, show in METRICS]
     head = html.Thead(html.Tr([html.Th("Metric"),
                                html.Th(f"v{a} {va['name'] if va else ''}", id=f"{P}-col-a"),
                                html.Th(f"v{b} {vb['name'] if vb else ''}", id=f"{P}-col-b")]))
@@ -199,8 +215,9 @@ def outcomes(window, since, until, agent_id, a, b, current_search):
     rows = [_row(o.as_dict(), f"{o.name} ({o.agent_id})") for o in found.agents]
     note = (f"{len(rows)} agents ran in {described}." if rows else
             f"No agent ran in {described}. Widen the time window.")
-    if found.percentiles_truncated:
-        note += " Percentiles cover a bounded sample of the runs (SQLite)."
+    if found.groups_truncated:
+        note += (f" Only the {len(rows)} busiest agents (and their busiest versions) are shown:"
+                 " more ran in this window; narrow it or pick an agent.")
     search = ui.url_search({"agent": agent_id, "a": a, "b": b, **ui.window_params(key, since, until)},
                            {"window": DEFAULT_WINDOW}, current_search)
     if not agent_id:

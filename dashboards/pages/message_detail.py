@@ -1,7 +1,8 @@
 """``/messages/<message_id>``: the provenance of one answer.
 
 The answer, the run that produced it, the agent name and version frozen in that run's snapshot,
-both snapshots, the run's events, a link to its tree, and how the agent has changed since.
+both snapshots, what the run had in memory (its thread's earlier turns), the run's events, a
+link to its tree, and how the agent has changed since.
 """
 
 from __future__ import annotations
@@ -40,6 +41,34 @@ def _context_table(pack: dict) -> html.Div:
                                   html.Td(html.Code(i.get("sha256", "")))]) for i in items])],
             size="sm", responsive=True, className="mb-1"),
         html.Div(["pack hash ", html.Code(pack.get("pack_hash", ""))], className="small text-muted"),
+    ])
+
+
+def _memory(history: list[dict]) -> html.Div:
+    """The thread's earlier turns the run was given, oldest first; answers link to their own
+    provenance."""
+    if not history:
+        return ui.empty_state("Nothing in memory",
+                              "This was the first run of its thread (or a delegated run, whose "
+                              "thread is its own): it was given no earlier turns.")
+    rows = []
+    for turn in history:
+        if turn["role"] == "assistant":
+            who = dcc.Link("assistant", href=f"/messages/{turn['message_id']}")
+        else:
+            who = html.Span("user")
+        rows.append(html.Tr([
+            html.Td(who), html.Td(ui.text_block(turn["content"])),
+            html.Td(dcc.Link(turn["run_id"], href=f"/runs/{turn['run_id']}")),
+            html.Td(ui.when(turn["created_at"])),
+        ]))
+    return html.Div([
+        html.P(f"{len(history)} earlier turn{'s' if len(history) != 1 else ''} of the thread, "
+               "oldest first.", className="small text-muted"),
+        dbc.Table([html.Thead(html.Tr([html.Th("Role"), html.Th("Content"), html.Th("Run"),
+                                       html.Th("At")])),
+                   html.Tbody(rows)], size="sm", responsive=True, className="mb-0",
+                  id=f"{P}-memory"),
     ])
 
 
@@ -128,6 +157,8 @@ def show(message_id):
                          className="mb-3"),
             ], lg=6),
         ]),
+        dbc.Card([dbc.CardHeader("In memory when it answered"),
+                  dbc.CardBody(_memory(found["history"]))], className="mb-3"),
         dbc.Card([dbc.CardHeader(f"Events of run {run['id']}"),
                   dbc.CardBody(ui.events_table(events.events, events.last_event_seq))]),
     ])

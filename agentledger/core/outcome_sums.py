@@ -1,0 +1,116 @@
+"""The sums per-agent outcomes are made of, shared by the writer (``ingest.rollup``, which adds
+each ended run to a rollup row) and the reader (``queries.outcomes``, which adds rollup rows and
+the few runs it scans), so both count a run the same way.
+
+Cost is summed over the runs whose cost is known; a run with a ``usage`` event whose
+``cost_usd`` is null (no price known for its model) counts in ``runs_without_cost`` instead, so a
+sum never passes an unknown cost off as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agentledger.core.outcome_histogram import BUCKETS, bucket_of
+
+
+def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float | None]:
+    """(input tokens, output tokens, cost) of one run's ``usage`` event data; cost is None
+    when any call of the run had no price (``cost_usd`` null or absent)."""
+    tokens_in = tokens_out = 0
+    cost: float | None = 0.0
+    for d in datas:
+        tokens_in += int(d.get("input_tokens") or 0)
+        tokens_out += int(d.get("output_tokens") or 0)
+        value = d.get("cost_usd")
+        if value is None:
+            cost = None
+        elif cost is not None:
+            cost += float(value)
+    return tokens_in, tokens_out, cost
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    return a if b is None or (a is not None and a <= b) else b
+
+
+def _higher(a: float | None, b: float | None) -> float | None:
+    return a if b is None or (a is not None and a >= b) else b
+
+
+@dataclass
+class Durations:
+    """Count, sum, extremes and log-scale histogram of one kind of duration (seconds)."""
+
+    n: int = 0
+    total: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    histogram: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+
+    def add(self, seconds: float) -> None:
+        self.n += 1
+        self.total += seconds
+        self.min, self.max = _lower(self.min, seconds), _higher(self.max, seconds)
+        self.histogram[bucket_of(seconds)] += 1
+
+    def merge(self, other: Durations) -> None:
+        self.n += other.n
+        self.total += other.total
+        self.min, self.max = _lower(self.min, other.min), _higher(self.max, other.max)
+        self.histogram = [a + b for a, b in zip(self.histogram, other.histogram, strict=True)]
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+
+@dataclass
+class OutcomeSums:
+    """Runs of one group (an agent version, a rollup key, …): counts by status, latency
+    (started → finished), queue wait (created → started), tokens and known cost."""
+
+    runs: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    latency: Durations = field(default_factory=Durations)
+    wait: Durations = field(default_factory=Durations)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    runs_without_cost: int = 0
+
+    def add_run(self, status: str, latency: float | None, wait: float | None) -> None:
+        self.runs += 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        if latency is not None:
+            self.latency.add(latency)
+        if wait is not None:
+            self.wait.add(wait)
+
+    def add_usage(self, input_tokens: int, output_tokens: int, cost_usd: float | None) -> None:
+        """One run's usage totals (``usage_totals``)."""
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        if cost_usd is None:
+            self.runs_without_cost += 1
+        else:
+            self.cost_usd += cost_usd
+
+    def merge(self, other: OutcomeSums) -> None:
+        self.runs += other.runs
+        for status, n in other.by_status.items():
+            self.by_status[status] = self.by_status.get(status, 0) + n
+        self.latency.merge(other.latency)
+        self.wait.merge(other.wait)
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+        self.runs_without_cost += other.runs_without_cost
+
+    @property
+    def known_cost(self) -> float | None:
+        """The summed cost, or None when no run of the group had a known cost."""
+        if self.runs and self.runs_without_cost >= self.runs:
+            return None
+        return self.cost_usd

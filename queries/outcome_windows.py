@@ -1,0 +1,108 @@
+"""Window planning for per-agent outcomes: which whole UTC days come from the day rollup, which
+whole hours of the partial days from the hour rollup, and which partial hours at the edges are
+scanned run by run (at most two hours of runs, whatever the window)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from sqlalchemy import and_, or_
+
+from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun
+from queries.common import TimeWindow
+
+DAY = 86400
+R = AgentOutcomeRollup.__table__.c
+H = AgentOutcomeRollupHour.__table__.c
+
+
+def run_conditions(window: TimeWindow, agent_id: str | None) -> list:
+    found = window.conditions(AgentRun.created_at)
+    if agent_id is not None:
+        found.append(AgentRun.agent_id == agent_id)
+    return found
+
+
+def midnight(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A window as whole UTC days (the day rollup), whole UTC hours of its partial days (the
+    hour rollup) and partial hours at its edges (scanned: at most two hours of runs)."""
+
+    first_day: date | None  # None: from the beginning
+    end_day: date | None  # exclusive; None: to the end
+    hours: tuple[tuple[datetime, datetime], ...]  # [start, end) ranges of whole hours
+    edges: tuple[TimeWindow, ...]
+    has_days: bool
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(moment: datetime) -> datetime:
+    floor = floor_hour(moment)
+    return floor if floor == moment.astimezone(UTC) else floor + timedelta(hours=1)
+
+
+def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
+    """A bounded partial day as whole hours plus partial-hour edges."""
+    first, last = ceil_hour(part.start), floor_hour(part.end)
+    if first >= last:
+        return [], [part]
+    edges = []
+    if part.start.astimezone(UTC) < first:
+        edges.append(TimeWindow(part.start, first))
+    if last < part.end.astimezone(UTC):
+        edges.append(TimeWindow(last, part.end))
+    return [(first, last)], edges
+
+
+def split_window(window: TimeWindow) -> Split:
+    start, end = window.start, window.end
+    first = None if start is None else midnight(start)
+    if first is not None and first != start.astimezone(UTC):
+        first += timedelta(days=1)
+    last = None if end is None else midnight(end)
+    if first is not None and last is not None and first >= last:
+        hours, edges = _split_hours(window)
+        return Split(None, None, tuple(hours), tuple(edges), False)
+    partial_days = []
+    if first is not None and start.astimezone(UTC) < first:
+        partial_days.append(TimeWindow(start, first))
+    if last is not None and last < end.astimezone(UTC):
+        partial_days.append(TimeWindow(last, end))
+    hours: list[tuple[datetime, datetime]] = []
+    edges: list[TimeWindow] = []
+    for part in partial_days:
+        whole, partial = _split_hours(part)
+        hours += whole
+        edges += partial
+    return Split(first.date() if first else None, last.date() if last else None,
+                  tuple(hours), tuple(edges), True)
+
+
+def rollup_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
+    found = []
+    if split.first_day is not None:
+        found.append(AgentOutcomeRollup.day >= split.first_day)
+    if split.end_day is not None:
+        found.append(AgentOutcomeRollup.day < split.end_day)
+    if agent_id is not None:
+        found.append(AgentOutcomeRollup.agent_id == agent_id)
+    if version is not None:
+        found.append(AgentOutcomeRollup.agent_version == version)
+    return found
+
+
+def hour_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
+    found = [or_(*(and_(H.hour >= a, H.hour < b) for a, b in split.hours))]
+    if agent_id is not None:
+        found.append(H.agent_id == agent_id)
+    if version is not None:
+        found.append(H.agent_version == version)
+    return found
