@@ -32,7 +32,7 @@ class ToolResult(_Data):
 class Usage(_Data):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
-    cost_usd: float = Field(ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
 
 
 class ErrorInfo(BaseModel):

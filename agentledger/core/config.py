@@ -51,6 +51,8 @@ class Settings:
     read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
                        replica that ``queries`` read from
     secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
+    otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
+                       parent never arrived is written as a root run after this quiet period
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -64,6 +66,7 @@ class Settings:
     run_rate_limit: int = 600
     read_database_url: str | None = None
     secure_cookies: bool = False
+    otlp_quiet_seconds: float = 60.0
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -78,6 +81,7 @@ class Settings:
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
+            otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
         )
         return replace(settings, **overrides)
 
