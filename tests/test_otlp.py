@@ -371,7 +371,7 @@ def test_pydantic_ai_agent_with_native_instrumentation(world):
 
     Agent.instrument_all(InstrumentationSettings(tracer_provider=tp))
     try:
-        result = agent.run_sync("weather in Paris?")
+        result = asyncio.run(agent.run("weather in Paris?"))
     finally:
         Agent.instrument_all(False)
         tp.shutdown()
