@@ -26,7 +26,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import Status, StatusCode
 from sqlalchemy import func, select
 
 from agentledger.core.database import Database
@@ -311,8 +310,8 @@ def test_concurrent_halves_of_one_trace_on_two_servers_write_it_once(world):
         spans = list(tree_spans(trace).values())
         halves = [spans[:3], spans[2:]]
         replies = {}
-        threads = [threading.Thread(target=lambda i=i: replies.__setitem__(
-            i, post(world, as_protobuf(export_json(halves[i])), server=i))) for i in (0, 1)]
+        threads = [threading.Thread(target=lambda i=i, out=replies, parts=halves: out.__setitem__(
+            i, post(world, as_protobuf(export_json(parts[i])), server=i))) for i in (0, 1)]
         for t in threads:
             t.start()
         for t in threads:
