@@ -98,7 +98,7 @@ def store_spans(session: Session, owner_id: str, spans: list[ReceivedSpan],
         chunk = rows[start:start + _INSERT_CHUNK]
         stmt = dialect.insert_ignoring_conflicts(session, OtlpSpan.__table__,
                                                  ["trace_id", "span_id"])
-        result = session.execute(stmt.values(chunk).returning(OtlpSpan.trace_id, OtlpSpan.span_id))
+        result = session.execute(stmt.returning(OtlpSpan.trace_id, OtlpSpan.span_id), chunk)
         new.extend((r.trace_id, r.span_id) for r in result)
     return new, refusals
 
@@ -301,44 +301,57 @@ class _Lost(Exception):
     """Another server recorded (part of) this tree first."""
 
 
-def _write_tree(db: Database, top: _Node, seen: int) -> int | None:
-    """Write the tree; 0 when another server recorded it first, None when spans of the trace
-    arrived since it was read (``seen`` of them then): the caller rebuilds it."""
-    owner_id = top.row.owner_id
+def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
+    """Write the trees (each with the number of its trace's spans it was built from) in one
+    transaction. 0 when another server recorded one of them first, None when spans of a trace
+    arrived since it was read: the caller rebuilds. All or nothing."""
     agents: dict[str, tuple[str, int]] = {}
-    conversation = mapping.conversation_id(top.row.attributes)
-    if conversation is None:
-        for span in top.content:
-            conversation = mapping.conversation_id(span.attributes)
-            if conversation:
-                break
+    imported = []
     with db.write() as s:
-        for node in _nodes(top):
-            agents[node.run_id] = _ensure_agent(s, *_definition(node))
-        session_id = None
-        if conversation is not None:
-            session_id = _session_for(s, owner_id, conversation, agents[top.run_id][0],
-                                      top.row.start_at)
+        resolved: dict[tuple, tuple[str, int]] = {}
+        for top, _seen in trees:
+            for node in _nodes(top):
+                agent_id, definition = _definition(node)
+                key = (agent_id, definition.name, definition.model, definition.instructions,
+                       tuple(definition.tools))
+                if key not in resolved:
+                    resolved[key] = _ensure_agent(s, agent_id, definition)
+                agents[node.run_id] = resolved[key]
+        for top, _seen in trees:
+            conversation = mapping.conversation_id(top.row.attributes)
+            for span in top.content:
+                if conversation is not None:
+                    break
+                conversation = mapping.conversation_id(span.attributes)
+            session_id = None
+            if conversation is not None:
+                session_id = _session_for(s, top.row.owner_id, conversation,
+                                          agents[top.run_id][0], top.row.start_at)
+            imported.append(_imported(top, agents, top.row.owner_id, session_id))
     importer = BulkImporter(db)
-    batch = importer.prepare([_imported(top, agents, owner_id, session_id)])
+    batch = importer.prepare(imported)
+    spans = OtlpSpan.__table__
     try:
         with db.write() as s:
-            for node in _nodes(top):
-                ids = [node.row.span_id, *(c.span_id for c in node.content)]
-                claimed = s.execute(
-                    update(OtlpSpan)
-                    .where(OtlpSpan.trace_id == node.row.trace_id, OtlpSpan.span_id.in_(ids),
-                           OtlpSpan.run_id.is_(None))
-                    .values(run_id=node.run_id)
-                ).rowcount
-                if claimed != len(ids):
-                    raise _Lost(0)
-            # Checked after the claim: a span stored by a request that committed before this
+            for top, _seen in trees:
+                for node in _nodes(top):
+                    ids = [node.row.span_id, *(c.span_id for c in node.content)]
+                    claimed = s.execute(
+                        update(spans)
+                        .where(spans.c.trace_id == node.row.trace_id,
+                               spans.c.span_id.in_(ids), spans.c.run_id.is_(None))
+                        .values(run_id=node.run_id)
+                    ).rowcount
+                    if claimed != len(ids):
+                        raise _Lost(0)
+            # Counted after the claims: a span stored by a request that committed before this
             # point is seen here (and the tree is rebuilt with it); one that commits later sees
-            # this tree once it is committed, and reports itself as late.
-            stored = s.execute(select(func.count()).select_from(OtlpSpan).where(
-                OtlpSpan.trace_id == top.row.trace_id)).scalar_one()
-            if stored != seen:
+            # these trees once they are committed, and reports itself as late.
+            stored = dict(s.execute(
+                select(spans.c.trace_id, func.count())
+                .where(spans.c.trace_id.in_([top.row.trace_id for top, _ in trees]))
+                .group_by(spans.c.trace_id)).all())
+            if any(stored.get(top.row.trace_id) != seen for top, seen in trees):
                 raise _Lost(None)
             importer.write_prepared(s, batch)
     except _Lost as lost:
@@ -346,41 +359,56 @@ def _write_tree(db: Database, top: _Node, seen: int) -> int | None:
     return len(batch.runs)
 
 
+def _tops(rows: list[OtlpSpan], now: datetime, quiet_seconds: float, force: bool) -> list[OtlpSpan]:
+    """The spans of one trace that are ready to be written as root runs."""
+    by_id = {r.span_id: r for r in rows}
+    quiet = force or max((r.received_at for r in rows), default=now) <= now - timedelta(
+        seconds=quiet_seconds)
+    tops = []
+    agents_present = any(mapping.is_agent_span(r.attributes) for r in rows)
+    for row in rows:
+        if row.run_id is not None:
+            continue
+        if agents_present:
+            if not mapping.is_agent_span(row.attributes):
+                continue
+            chain, complete = _ancestors(row, by_id)
+            if any(mapping.is_agent_span(a.attributes) for a in chain):
+                continue  # a child run: written with its parent
+            if any(a.run_id for a in chain):
+                continue  # under a recorded run: late
+            if complete or quiet:
+                tops.append(row)
+        elif row.parent_span_id is None and any(
+                mapping.is_model_span(r.attributes) or mapping.is_tool_span(r.attributes)
+                for r in rows):
+            tops.append(row)  # no agent span: the trace's root span is the run
+    return tops
+
+
+def _trace_rows(db: Database, trace_ids) -> dict[str, list[OtlpSpan]]:
+    with db.read() as s:
+        rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id.in_(list(trace_ids)))
+                         ).scalars().all()
+        s.expunge_all()
+    by_trace: dict[str, list[OtlpSpan]] = defaultdict(list)
+    for row in rows:
+        by_trace[row.trace_id].append(row)
+    return by_trace
+
+
 def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: float,
                   *, force: bool = False) -> int:
     """Write every run tree of the trace that is ready; returns how many runs were written."""
     written = 0
     for _attempt in range(5):
-        with db.read() as s:
-            rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id == trace_id)).scalars().all()
-            s.expunge_all()
-        by_id = {r.span_id: r for r in rows}
-        quiet = force or max((r.received_at for r in rows), default=now) <= now - timedelta(
-            seconds=quiet_seconds)
-        tops = []
-        agents_present = any(mapping.is_agent_span(r.attributes) for r in rows)
-        for row in rows:
-            if row.run_id is not None:
-                continue
-            if agents_present:
-                if not mapping.is_agent_span(row.attributes):
-                    continue
-                chain, complete = _ancestors(row, by_id)
-                if any(mapping.is_agent_span(a.attributes) for a in chain):
-                    continue  # a child run: written with its parent
-                if any(a.run_id for a in chain):
-                    continue  # under a recorded run: late
-                if complete or quiet:
-                    tops.append(row)
-            elif row.parent_span_id is None and any(
-                    mapping.is_model_span(r.attributes) or mapping.is_tool_span(r.attributes)
-                    for r in rows):
-                tops.append(row)  # no agent span: the trace's root span is the run
+        rows = _trace_rows(db, [trace_id]).get(trace_id, [])
+        tops = _tops(rows, now, quiet_seconds, force)
         if not tops:
             break
         stale = False
         for top in tops:
-            count = _write_tree(db, _build(top, rows), len(rows))
+            count = _write_trees(db, [(_build(top, rows), len(rows))])
             if count is None:
                 stale = True
                 break
@@ -390,17 +418,28 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     return written
 
 
+def process_traces(db: Database, trace_ids: set[str], now: datetime,
+                   quiet_seconds: float) -> int:
+    """All ready trees of these traces in one transaction; when another server got in the way
+    (a tree claimed, or spans added meanwhile), trace by trace instead."""
+    by_trace = _trace_rows(db, trace_ids)
+    trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
+             for top in _tops(rows, now, quiet_seconds, False)]
+    if not trees:
+        return 0
+    if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
+        written = _write_trees(db, trees)
+        if written:
+            return written
+    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace))
+
+
 def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
                *, force: bool) -> int:
     """Spans still waiting under (or beside) a recorded run never will be recorded: mark them
     ``NOT_RECORDED`` and count the new ones among them."""
     late = 0
-    with db.read() as s:
-        rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id.in_(trace_ids))).scalars().all()
-        s.expunge_all()
-    by_trace: dict[str, list[OtlpSpan]] = defaultdict(list)
-    for row in rows:
-        by_trace[row.trace_id].append(row)
+    by_trace = _trace_rows(db, trace_ids)
     marks = []
     for trace_id, spans in by_trace.items():
         by_id = {r.span_id: r for r in spans}
@@ -430,8 +469,8 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
     outcome.rejected += len(refusals)
     outcome.messages += refusals
     traces = {t for t, _ in new}
-    for trace_id in sorted(traces):
-        outcome.runs_written += process_trace(db, trace_id, now, quiet_seconds)
+    if traces:
+        outcome.runs_written += process_traces(db, traces, now, quiet_seconds)
     if traces:
         late = _mark_late(db, traces, set(new), force=False)
         if late:
