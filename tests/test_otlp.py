@@ -486,3 +486,16 @@ def test_quiet_trace_whose_parent_never_arrives_is_written_as_a_root(world, monk
     (run,) = runs_of(db, trace)
     assert run.parent_run_id is None and run.status == "succeeded"
     verify(world)
+
+
+def test_kind_external_registers_but_no_worker_claims_its_runs(world):
+    base = world["servers"][0].base_url
+    admin = {"Authorization": f"Bearer {world['tokens']['admin']}"}
+    reply = requests.post(base + "/api/agents", headers=admin, timeout=30,
+                          json={"id": "ext-registered", "name": "Ext", "kind": "external"})
+    assert reply.status_code == 201, reply.text
+    claim = requests.post(base + "/api/executor/claim", timeout=30,
+                          headers={"Authorization": f"Bearer {world['tokens']['executor']}"},
+                          json={"executor_instance_id": "otlp-claim-check", "max_runs": 50})
+    assert claim.status_code == 200
+    assert claim.json()["runs"] == []  # every OTLP run was written terminal

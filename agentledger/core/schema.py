@@ -386,7 +386,8 @@ class OtlpSpan(Base):
     its trace waits for its agent span (see docs/otlp.md)."""
 
     __tablename__ = "otlp_span"
-    __table_args__ = (Index(None, "received_at"),)
+    # (run_id, received_at): the reconciler's look for quiet traces still waiting (run_id NULL)
+    __table_args__ = (Index(None, "received_at"), Index(None, "run_id", "received_at"))
 
     trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     span_id: Mapped[str] = mapped_column(String(16), primary_key=True)

@@ -41,6 +41,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint('trace_id', 'span_id', name=op.f('pk_otlp_span')),
     )
     op.create_index(op.f('ix_otlp_span_received_at'), 'otlp_span', ['received_at'])
+    op.create_index(op.f('ix_otlp_span_run_id_received_at'), 'otlp_span',
+                    ['run_id', 'received_at'])
     op.create_table(
         'otlp_conversation',
         sa.Column('owner_id', sa.String(length=200), nullable=False),
@@ -53,5 +55,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table('otlp_conversation')
+    op.drop_index(op.f('ix_otlp_span_run_id_received_at'), table_name='otlp_span')
     op.drop_index(op.f('ix_otlp_span_received_at'), table_name='otlp_span')
     op.drop_table('otlp_span')
