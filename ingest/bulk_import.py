@@ -425,6 +425,17 @@ class BulkImporter:
                     self._add_tree(session, batch, tree)
         return batch
 
+    def prepare(self, trees: list[ImportedRun]) -> _Batch:
+        """Check and build the rows of ``trees`` (nothing is written), for a caller that writes
+        them with ``write_prepared`` inside a transaction of its own."""
+        return self._prepare(trees)
+
+    def write_prepared(self, session: Session, batch: _Batch) -> None:
+        """Write a prepared batch in the caller's transaction (which commits or rolls back)."""
+        self._write(session, batch)
+        self.report.runs += len(batch.runs)
+        self.report.events += len(batch.events)
+
     def _commit(self, batch: _Batch) -> None:
         with self.db.write() as session:
             self._write(session, batch)

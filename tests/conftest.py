@@ -27,6 +27,7 @@ TABLES = (
     "run_event", "message", "agent_run", "chat_session", "conversation_thread",
     "agent_version", "agent", "context_blob", "api_token", "rate_limit_window",
     "agent_outcome_rollup", "agent_outcome_rollup_hour", "archived_run", "admin_action",
+    "otlp_span", "otlp_conversation",
 )
 
 

@@ -129,6 +129,7 @@ def _body(method: str, path: str):
             "events": [{"type": "message.delta", "data": {"text": "x"}}]},
         ("POST", "/api/executor/runs/{run_id}/children"): {
             "executor_instance_id": "matrix", "agent_id": "echo", "input": "x"},
+        ("POST", "/api/otel/v1/traces"): {"resourceSpans": []},  # an empty OTLP JSON export
     }[(method, path)]
 
 

@@ -31,6 +31,7 @@ from agentledger.agent_kinds.run_context import (
 )
 from agentledger.agent_kinds.scripted import run_scripted, validate_steps
 from agentledger.core.agent_params import validate_history_limit
+from agentledger.core.vocabulary import EXTERNAL_KIND
 
 AgentKind = Callable[[RunContext], "str | None"]
 
@@ -56,7 +57,12 @@ def kind_for(name: str) -> AgentKind | None:
 
 
 def validate_definition(kind: str, params: dict) -> None:
-    """Raise ``ValueError`` with a sentence when a definition cannot run."""
+    """Raise ``ValueError`` with a sentence when a definition cannot run.
+
+    ``external`` (runs recorded elsewhere and received over OTLP) is accepted for registration
+    only: its runs are written already terminal, so no worker ever claims one."""
+    if kind == EXTERNAL_KIND:
+        return
     if kind not in available_kinds():
         raise ValueError(f"unknown agent kind {kind!r}; known: {', '.join(sorted(available_kinds()))}")
     validate_history_limit(params)

@@ -18,6 +18,7 @@ def load_routes() -> None:
         routes_agents,
         routes_executor,
         routes_meta,
+        routes_otlp,
         routes_runs,
         routes_sessions,
     )

@@ -18,6 +18,7 @@ ERROR_TEXT = {
     404: "No such object, or not yours (not_found)",
     409: "Conflict with the current state",
     413: "Body too large (payload_too_large)",
+    415: "Content-Type not accepted (unsupported_media_type)",
     422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message)",
     429: "Too many requests (rate_limited)",
 }
@@ -77,6 +78,11 @@ def build_openapi(operations: list[Operation]) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": mapping[(op.body, "validation")]}},
             }
+        elif op.raw_body is not None:
+            item["requestBody"] = {
+                "required": True,
+                "content": {kind: {"schema": schema} for kind, schema in op.raw_body.items()},
+            }
         for status, model in op.responses.items():
             if model is None:
                 item["responses"][str(status)] = {"description": "No content"}
@@ -86,7 +92,8 @@ def build_openapi(operations: list[Operation]) -> dict[str, Any]:
                 content.update(op.extra_content[status])
             item["responses"][str(status)] = {"description": "Success", "content": content}
         error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-        codes = set(op.errors) | ({400, 413} if op.body else set()) | ({400} if op.query else set())
+        codes = set(op.errors) | ({400, 413} if op.body or op.raw_body else set()) | (
+            {400} if op.query else set())
         if op.roles is not None:
             codes |= {401, 403}
         for status in sorted(codes):

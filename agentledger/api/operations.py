@@ -36,6 +36,8 @@ class Operation:
     tag: str = "api"
     extra_content: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # A body the view reads itself (not JSON for a pydantic model): media type -> OpenAPI schema.
+    raw_body: dict[str, Any] | None = None
 
     @property
     def openapi_path(self) -> str:
@@ -96,10 +98,12 @@ class ApiRegistry:
 
     def route(self, path: str, method: str, *, summary: str, roles=READERS, body=None,
               query=None, responses=None, errors=(), tag="api", extra_content=None,
-              headers=None):
+              headers=None, raw_body=None):
+        if body is not None and raw_body is not None:
+            raise ValueError("a route has either a pydantic body or a raw body")
         op = Operation(method.upper(), "/api" + path, summary, tuple(roles) if roles else None,
                        body, query, responses or {}, tuple(errors), tag, extra_content,
-                       headers or {})
+                       headers or {}, raw_body)
         self.operations.append(op)
 
         def decorate(view: Callable) -> Callable:

@@ -233,3 +233,15 @@ class AdminActionOut(BaseModel):
 class AdminActionList(BaseModel):
     items: list[AdminActionOut]
     next_cursor: str | None
+
+
+class OtlpPartialSuccess(BaseModel):
+    rejectedSpans: int | str = 0  # noqa: N815 - OTLP JSON field names (int64 may come as text)
+    errorMessage: str = ""  # noqa: N815
+
+
+class OtlpExportResponse(BaseModel):
+    """``ExportTraceServiceResponse`` in OTLP JSON; protobuf clients get the same message encoded
+    as ``application/x-protobuf``."""
+
+    partialSuccess: OtlpPartialSuccess | None = None  # noqa: N815

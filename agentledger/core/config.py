@@ -53,6 +53,8 @@ class Settings:
     secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
     redact             AGENTLEDGER_REDACT              unset: nothing redacted; else detectors
                        (email, phone, card, secret, re:<pattern>) applied before storing
+    otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
+                       parent never arrived is written as a root run after this quiet period
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -67,6 +69,7 @@ class Settings:
     read_database_url: str | None = None
     secure_cookies: bool = False
     redact: str = ""
+    otlp_quiet_seconds: float = 60.0
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -82,6 +85,7 @@ class Settings:
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
+            otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
         )
         settings = replace(settings, **overrides)
         settings.redaction_rules()  # refuse a bad value at start, not at the first write

@@ -91,6 +91,12 @@ class PayloadTooLarge(LedgerError):
     status, code = 413, "payload_too_large"
 
 
+class UnsupportedMediaType(LedgerError):
+    """The body's Content-Type (or Content-Encoding) is not one the route reads."""
+
+    status, code = 415, "unsupported_media_type"
+
+
 class ValidationFailed(LedgerError):
     """The body parsed but a field is missing, of the wrong type or out of range."""
 

@@ -385,3 +385,39 @@ class AdminAction(Base):
     target_type: Mapped[str] = mapped_column(String(20), nullable=False)
     target_id: Mapped[str] = mapped_column(String(200), nullable=False)
     detail: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+
+
+class OtlpSpan(Base):
+    """A span received over OTLP/HTTP, kept as it arrived (one row per ``(trace_id,
+    span_id)``: a re-export adds nothing). ``run_id`` is the run it was recorded in, NULL while
+    its trace waits for its agent span (see docs/otlp.md)."""
+
+    __tablename__ = "otlp_span"
+    # (run_id, received_at): the reconciler's look for quiet traces still waiting (run_id NULL)
+    __table_args__ = (Index(None, "received_at"), Index(None, "run_id", "received_at"))
+
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    span_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))
+    owner_id: Mapped[str] = mapped_column(String(200), nullable=False)
+    service_name: Mapped[str] = mapped_column(String(200), nullable=False)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    start_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    end_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    status_code: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    status_message: Mapped[str | None] = mapped_column(Text)
+    attributes: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    run_id: Mapped[str | None] = mapped_column(String(40))
+
+
+class OtlpConversation(Base):
+    """The chat session of one owner's OTLP conversation id (``gen_ai.conversation.id`` or
+    ``session.id``)."""
+
+    __tablename__ = "otlp_conversation"
+
+    owner_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

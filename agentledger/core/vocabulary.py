@@ -46,3 +46,6 @@ ADMIN_ACTIONS: tuple[str, ...] = (
 
 assert set(NON_TERMINAL) | set(TERMINAL) == set(STATUSES)
 assert set(ACTIVE) <= set(NON_TERMINAL)
+
+# The agent kind of agents observed over OTLP (runs recorded elsewhere): registration only.
+EXTERNAL_KIND = "external"

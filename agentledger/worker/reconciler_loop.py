@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.errors import LedgerError
+from ingest.otlp import flush_quiet_traces
 from ingest.rate_limits import prune_windows
 from ingest.reconcile import (
     expired_lease_run_ids,
@@ -65,6 +66,7 @@ class ReconcilerThread(threading.Thread):
         super().__init__(name="agentledger-reconciler", daemon=True)
         self.db = db
         self.interval = settings.reconcile_seconds
+        self.otlp_quiet_seconds = settings.otlp_quiet_seconds
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -73,6 +75,10 @@ class ReconcilerThread(threading.Thread):
                 reconcile_once(self.db)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
                 log.exception("reconcile pass failed; retrying next period")
+            try:
+                flush_quiet_traces(self.db, quiet_seconds=self.otlp_quiet_seconds)
+            except Exception:  # noqa: BLE001 - as above
+                log.exception("writing quiet OTLP traces failed; retrying next period")
             self._stop_event.wait(self.interval)
 
     def stop(self) -> None:

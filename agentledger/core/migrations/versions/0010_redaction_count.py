@@ -1,7 +1,7 @@
 """agent_run.redaction_count
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-01
 
 How many values ``AGENTLEDGER_REDACT`` replaced in a run's input, context, events and answer
@@ -12,7 +12,7 @@ rewrite on either database, and the triggers on ``agent_run`` stay as they are.
 from alembic import op
 
 revision = '0010'
-down_revision = '0008'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,203 @@
+"""What a span means to the ledger: GenAI semantic conventions and OpenInference attributes."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def operation(attrs: dict) -> str | None:
+    return attrs.get("gen_ai.operation.name")
+
+
+def oi_kind(attrs: dict) -> str | None:
+    kind = attrs.get("openinference.span.kind")
+    return kind.upper() if isinstance(kind, str) else None
+
+
+def agent_name(attrs: dict) -> str | None:
+    for key in ("gen_ai.agent.id", "gen_ai.agent.name", "agent.name"):
+        value = attrs.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def is_agent_span(attrs: dict) -> bool:
+    """``invoke_agent``, or an OpenInference ``AGENT`` span that names its agent (the OpenAI
+    Agents instrumentation also marks its nameless workflow span ``AGENT``)."""
+    if operation(attrs) == "invoke_agent":
+        return True
+    return oi_kind(attrs) == "AGENT" and agent_name(attrs) is not None
+
+
+def is_model_span(attrs: dict) -> bool:
+    return operation(attrs) in MODEL_OPERATIONS or oi_kind(attrs) == "LLM"
+
+
+def is_tool_span(attrs: dict) -> bool:
+    return operation(attrs) == "execute_tool" or oi_kind(attrs) == "TOOL"
+
+
+def slug(name: str) -> str:
+    return _SLUG.sub("-", name.lower()).strip("-")[:63].strip("-") or "agent"
+
+
+def _parts_text(message: Any) -> str:
+    """The text parts of one GenAI message (``{"role", "parts": [{"type": "text", ...}]}``)."""
+    if not isinstance(message, dict):
+        return ""
+    if isinstance(message.get("content"), str):
+        return message["content"]
+    texts = []
+    for part in message.get("parts") or []:
+        if isinstance(part, dict) and part.get("type") == "text":
+            texts.append(str(part.get("content", "")))
+    return "".join(texts)
+
+
+def _oi_messages(attrs: dict, prefix: str) -> list[dict]:
+    """OpenInference's flattened ``llm.input_messages.<i>.message.role/content``."""
+    found: dict[int, dict] = {}
+    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.message\.(role|content)$")
+    for key, value in attrs.items():
+        match = pattern.match(key)
+        if match:
+            found.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    return [found[i] for i in sorted(found)]
+
+
+def _messages(attrs: dict, genai_key: str, oi_prefix: str) -> list[dict]:
+    value = _json(attrs.get(genai_key))
+    if isinstance(value, list):
+        return [m for m in value if isinstance(m, dict)]
+    return _oi_messages(attrs, oi_prefix)
+
+
+def user_text(attrs: dict) -> str | None:
+    """The last user message of a span's captured input."""
+    for message in reversed(_messages(attrs, "gen_ai.input.messages", "llm.input_messages")):
+        if message.get("role") == "user":
+            text = _parts_text(message)
+            if text:
+                return text
+    value = attrs.get("input.value")
+    if isinstance(value, str) and value:
+        parsed = _json(value)
+        if isinstance(parsed, list):  # OpenAI Agents: the run's input items
+            for item in reversed(parsed):
+                if isinstance(item, dict) and item.get("role") == "user":
+                    content = item.get("content")
+                    if isinstance(content, str):
+                        return content
+        return value if not isinstance(parsed, list | dict) else None
+    for message in _messages(attrs, "pydantic_ai.all_messages", "-"):
+        if message.get("role") == "user":
+            return _parts_text(message) or None
+    return None
+
+
+def output_text(attrs: dict) -> str | None:
+    """A span's captured output text (assistant messages, ``output.value``, ``final_result``)."""
+    texts = [_parts_text(m) for m in _messages(attrs, "gen_ai.output.messages", "llm.output_messages")
+             if m.get("role", "assistant") == "assistant"]
+    text = "".join(t for t in texts if t)
+    if text:
+        return text
+    for key in ("output.value", "final_result"):
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def model_of(attrs: dict) -> str | None:
+    for key in ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "model_name"):
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def tokens(attrs: dict) -> tuple[int, int] | None:
+    pairs = (("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"),
+             ("llm.token_count.prompt", "llm.token_count.completion"))
+    for inp, out in pairs:
+        if inp in attrs or out in attrs:
+            return _count(attrs.get(inp)), _count(attrs.get(out))
+    return None
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def instructions_of(attrs: dict) -> str | None:
+    value = _json(attrs.get("gen_ai.system_instructions"))
+    if isinstance(value, list):
+        text = "".join(str(p.get("content", "")) for p in value
+                       if isinstance(p, dict) and p.get("type") == "text")
+        return text or None
+    if isinstance(value, str) and value:
+        return value
+    for message in _messages(attrs, "gen_ai.input.messages", "llm.input_messages"):
+        if message.get("role") == "system":
+            return _parts_text(message) or None
+    return None
+
+
+def tool_names(attrs: dict) -> list[str] | None:
+    value = _json(attrs.get("gen_ai.tool.definitions"))
+    names: list[str] = []
+    if isinstance(value, list):
+        names = [str(t.get("name") or (t.get("function") or {}).get("name") or "")
+                 for t in value if isinstance(t, dict)]
+    else:
+        pattern = re.compile(r"llm\.tools\.\d+\.tool\.json_schema$")
+        for key, schema in attrs.items():
+            if pattern.match(key):
+                parsed = _json(schema)
+                if isinstance(parsed, dict):
+                    names.append(str(parsed.get("name")
+                                     or (parsed.get("function") or {}).get("name") or ""))
+        if not names:
+            return None
+    return sorted({n for n in names if n})
+
+
+def tool_call(attrs: dict, span_name: str) -> tuple[str, Any, Any, str | None]:
+    """(name, input, output, call_id) of a tool span."""
+    name = attrs.get("gen_ai.tool.name") or attrs.get("tool.name") or span_name or "tool"
+    arguments = attrs.get("gen_ai.tool.call.arguments", attrs.get("input.value"))
+    result = attrs.get("gen_ai.tool.call.result", attrs.get("output.value"))
+    call_id = attrs.get("gen_ai.tool.call.id") or attrs.get("tool_call.id")
+    return str(name), _json(arguments), _json(result), (str(call_id) if call_id else None)
+
+
+def conversation_id(attrs: dict) -> str | None:
+    for key in ("gen_ai.conversation.id", "session.id"):
+        value = attrs.get(key)
+        if isinstance(value, str | int) and str(value).strip():
+            return str(value).strip()[:255]
+    return None
+
+
+def error_code(attrs: dict) -> str:
+    value = attrs.get("error.type")
+    return str(value)[:100] if value else "error"

@@ -1,0 +1,501 @@
+"""Buffering spans in ``otlp_span`` and writing a trace's runs once its agent spans are in.
+
+A root run (with its child runs) is written when its top agent span has arrived and the chain
+of spans above it is known to hold no agent span: it reaches the trace's root, or its trace
+has been quiet for ``quiet_seconds`` (then the top agent span is written as a root; the
+reconciler loop does this). Every span the tree uses is marked with its run in the same
+transaction as the runs, under a compare-and-set on ``run_id IS NULL``, so two servers
+receiving parts of one trace write it once. A span that arrives after the run it belongs to
+was written is kept and marked ``""`` (not recorded) and counted as rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from agentledger.core import dialect
+from agentledger.core.database import Database
+from agentledger.core.errors import Conflict, LedgerError
+from agentledger.core.hashing import storable_json
+from agentledger.core.ids import new_id
+from agentledger.core.schema import (
+    Agent,
+    AgentVersion,
+    ChatSession,
+    ConversationThread,
+    OtlpConversation,
+    OtlpSpan,
+)
+from agentledger.core.vocabulary import EXTERNAL_KIND
+from ingest.agents import AgentDefinition, add_agent_version, register_agent
+from ingest.bulk_import import BulkImporter, ImportedEvent, ImportedRun
+from ingest.otlp import mapping
+from ingest.otlp.wire import ReceivedSpan
+
+log = logging.getLogger("ingest.otlp")
+
+DEFAULT_QUIET_SECONDS = 60.0
+NOT_RECORDED = ""  # run_id of a span kept but not recorded in any run
+_INSERT_CHUNK = 500
+
+
+@dataclass
+class ExportOutcome:
+    received: int = 0
+    new: int = 0
+    rejected: int = 0
+    runs_written: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def error_message(self) -> str:
+        return "; ".join(dict.fromkeys(self.messages))
+
+
+@dataclass
+class _Node:
+    """One agent span that becomes a run, and the spans it owns."""
+
+    row: OtlpSpan
+    content: list[OtlpSpan] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: new_id("run"))
+
+
+def _clean(value, where: str):
+    try:
+        return storable_json(value, where), None
+    except LedgerError as exc:
+        return None, exc.message
+
+
+def store_spans(session: Session, owner_id: str, spans: list[ReceivedSpan],
+                now: datetime) -> tuple[list[tuple[str, str]], list[str]]:
+    """Insert the spans not stored yet; returns the new (trace_id, span_id)s and refusals."""
+    rows, refusals = [], []
+    for span in spans:
+        attrs, problem = _clean(span.attributes, f"span {span.span_id} attributes")
+        name, problem2 = _clean(span.name, "span name")
+        status_message, problem3 = _clean(span.status_message, "status message")
+        problem = problem or problem2 or problem3
+        if problem:
+            refusals.append(problem)
+            continue
+        rows.append({"trace_id": span.trace_id, "span_id": span.span_id,
+                     "parent_span_id": span.parent_span_id, "owner_id": owner_id,
+                     "service_name": span.service_name, "name": name, "start_at": span.start_at,
+                     "end_at": span.end_at, "status_code": span.status_code,
+                     "status_message": status_message, "attributes": attrs, "received_at": now,
+                     "run_id": None})
+    new: list[tuple[str, str]] = []
+    for start in range(0, len(rows), _INSERT_CHUNK):
+        chunk = rows[start:start + _INSERT_CHUNK]
+        stmt = dialect.insert_ignoring_conflicts(session, OtlpSpan.__table__,
+                                                 ["trace_id", "span_id"])
+        result = session.execute(stmt.returning(OtlpSpan.trace_id, OtlpSpan.span_id), chunk)
+        new.extend((r.trace_id, r.span_id) for r in result)
+    return new, refusals
+
+
+# --- building the run trees of a trace ----------------------------------------------------------
+
+
+def _ancestors(row: OtlpSpan, by_id: dict[str, OtlpSpan]):
+    """The present spans above ``row``, nearest first, and whether the chain reaches the root."""
+    chain, seen = [], {row.span_id}
+    parent = row.parent_span_id
+    while parent is not None:
+        above = by_id.get(parent)
+        if above is None or above.span_id in seen:
+            return chain, False
+        chain.append(above)
+        seen.add(above.span_id)
+        parent = above.parent_span_id
+    return chain, True
+
+
+def _build(root: OtlpSpan, rows: list[OtlpSpan]) -> _Node:
+    """The run tree under ``root``: each span belongs to its nearest agent ancestor."""
+    children: dict[str, list[OtlpSpan]] = defaultdict(list)
+    for row in rows:
+        if row.parent_span_id is not None:
+            children[row.parent_span_id].append(row)
+    top = _Node(root)
+    stack = [(root, top)]
+    while stack:
+        span, node = stack.pop()
+        for child in children.get(span.span_id, []):
+            if child.run_id is not None:
+                continue
+            if mapping.is_agent_span(child.attributes):
+                sub = _Node(child)
+                node.children.append(sub)
+                stack.append((child, sub))
+            else:
+                node.content.append(child)
+                stack.append((child, node))
+    return top
+
+
+def _nodes(node: _Node):
+    yield node
+    for child in node.children:
+        yield from _nodes(child)
+
+
+def _definition(node: _Node) -> tuple[str, AgentDefinition]:
+    attrs = node.row.attributes
+    name = mapping.agent_name(attrs) or node.row.name or "agent"
+    models = [s for s in sorted(node.content, key=lambda s: s.start_at)
+              if mapping.is_model_span(s.attributes)]
+    model = mapping.model_of(attrs)
+    instructions = mapping.instructions_of(attrs)
+    tools = mapping.tool_names(attrs)
+    for span in models:
+        model = model or mapping.model_of(span.attributes)
+        instructions = instructions or mapping.instructions_of(span.attributes)
+        if tools is None:
+            tools = mapping.tool_names(span.attributes)
+    definition = AgentDefinition(name=name[:200], kind=EXTERNAL_KIND, model=model,
+                                 instructions=instructions, tools=tools or [],
+                                 params={"source": "otlp"})
+    return mapping.slug(name), definition
+
+
+def _ensure_agent(session: Session, agent_id: str, definition: AgentDefinition) -> tuple[str, int]:
+    """The (agent id, version) that records this observed definition, registering the agent as
+    kind ``external`` or adding a version when model, instructions or tools changed. An id that
+    belongs to an agent of another kind is not touched: ``<id>-external`` is used instead."""
+    for candidate in (agent_id, f"{agent_id[:54]}-external"):
+        latest = session.execute(
+            dialect.for_update(select(Agent.latest_version).where(Agent.id == candidate), session)
+        ).scalar_one_or_none()
+        if latest is None:
+            try:  # an insert that ignores conflicts: a lost race leaves the transaction usable
+                return candidate, register_agent(session, candidate, definition)
+            except Conflict:
+                latest = session.execute(dialect.for_update(
+                    select(Agent.latest_version).where(Agent.id == candidate), session)
+                ).scalar_one()
+        current = session.execute(select(AgentVersion).where(
+            AgentVersion.agent_id == candidate, AgentVersion.version == latest)).scalar_one()
+        if current.kind != EXTERNAL_KIND:
+            continue
+        if (current.model, current.instructions, list(current.tools or [])) == (
+                definition.model, definition.instructions, list(definition.tools)):
+            return candidate, latest
+        return candidate, add_agent_version(session, candidate, definition)
+    raise Conflict(f"agent ids {agent_id!r} and {agent_id}-external belong to other kinds")
+
+
+def _session_for(session: Session, owner_id: str, conversation: str, agent_id: str,
+                 at: datetime) -> str:
+    """The chat session of this owner's conversation, created (with its thread) on first use."""
+    session_id = new_id("sess")
+    stmt = dialect.insert_ignoring_conflicts(
+        session, OtlpConversation.__table__, ["owner_id", "conversation_id"]
+    ).values(owner_id=owner_id, conversation_id=conversation, session_id=session_id,
+             created_at=at).returning(OtlpConversation.session_id)
+    if session.execute(stmt).first() is None:
+        return session.execute(select(OtlpConversation.session_id).where(
+            OtlpConversation.owner_id == owner_id,
+            OtlpConversation.conversation_id == conversation)).scalar_one()
+    thread_id = new_id("thr")
+    session.execute(insert(ConversationThread).values(id=thread_id, owner_id=owner_id,
+                                                      created_at=at))
+    session.execute(insert(ChatSession).values(
+        id=session_id, owner_id=owner_id, title=conversation[:200], agent_id=agent_id,
+        thread_id=thread_id, created_at=at, updated_at=at))
+    return session_id
+
+
+def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[ImportedEvent], str]:
+    """The run's events after ``run.queued``, in span time order, clipped to the agent span's
+    own interval (a remote span's clock may be a little off), and the run's input."""
+    start, end = node.row.start_at, max(node.row.end_at, node.row.start_at)
+
+    def at(moment: datetime) -> datetime:
+        return min(max(moment, start), end)
+
+    timed: list[tuple[datetime, int, ImportedEvent]] = []
+    order = 0
+
+    def add(moment: datetime, event_type: str, data: dict) -> None:
+        nonlocal order
+        order += 1
+        timed.append((at(moment), order, ImportedEvent(event_type, data, at(moment))))
+
+    service = node.row.service_name
+    add(start, "run.started", {"executor_instance_id": f"otlp:{service}"[:200]})
+    user = mapping.user_text(node.row.attributes)
+    last_output = None
+    items = [(s.start_at, 0, s) for s in node.content] + [(c.row.start_at, 1, c) for c in node.children]
+    for _, kind, item in sorted(items, key=lambda t: (t[0], t[1])):
+        if kind == 1:
+            agent_id, _version = agents[item.run_id]
+            add(item.row.start_at, "run.child_created",
+                {"child_run_id": item.run_id, "agent_id": agent_id})
+            status = "failed" if item.row.status_code == 2 else "succeeded"
+            add(item.row.end_at, "run.child_finished",
+                {"child_run_id": item.run_id, "status": status})
+            continue
+        attrs = item.attributes
+        if mapping.is_model_span(attrs):
+            if user is None:
+                user = mapping.user_text(attrs)
+            counts = mapping.tokens(attrs)
+            text = mapping.output_text(attrs)
+            if text:
+                add(item.end_at, "message.delta", {"text": text})
+                last_output = text
+            if counts is not None:
+                data = {"input_tokens": counts[0], "output_tokens": counts[1], "cost_usd": None}
+                model = mapping.model_of(attrs)
+                if model:
+                    data["model"] = model
+                add(item.end_at, "usage", data)
+        elif mapping.is_tool_span(attrs):
+            name, arguments, result, call_id = mapping.tool_call(attrs, item.name)
+            call = {"name": name, "input": arguments}
+            done = {"name": name, "output": result}
+            if call_id:
+                call["call_id"] = done["call_id"] = call_id
+            add(item.start_at, "tool.call", call)
+            add(item.end_at, "tool.result", done)
+    timed.sort(key=lambda t: (t[0], t[1]))
+    events = [e for _, _, e in timed]
+    if node.row.status_code == 2:
+        message = (node.row.status_message or "the agent span ended with status ERROR")[:10_000]
+        events.append(ImportedEvent("run.failed", {"error": {
+            "code": mapping.error_code(node.row.attributes), "message": message}}, end))
+    else:
+        answer = mapping.output_text(node.row.attributes) or last_output
+        events.append(ImportedEvent("run.completed", {"content": answer}, end))
+    return events, user or ""
+
+
+def _imported(node: _Node, agents, owner_id: str, session_id: str | None,
+              announced: datetime | None = None) -> ImportedRun:
+    events, user = _events(node, agents)
+    agent_id, version = agents[node.run_id]
+    created = node.row.start_at if announced is None else max(node.row.start_at, announced)
+    if events and events[0].at < created:
+        for event in events:
+            event.at = max(event.at, created)
+    run = ImportedRun(agent_id=agent_id, agent_version=version, input=user, created_at=created,
+                      events=events, owner_id=owner_id if announced is None else None,
+                      session=session_id, id=node.run_id)
+    announce = {e.data["child_run_id"]: e.at for e in events if e.type == "run.child_created"}
+    run.children = [_imported(c, agents, owner_id, None, announce[c.run_id])
+                    for c in node.children]
+    return run
+
+
+class _Lost(Exception):
+    """Another server recorded (part of) this tree first."""
+
+
+def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
+    """Write the trees (each with the number of its trace's spans it was built from) in one
+    transaction. 0 when another server recorded one of them first, None when spans of a trace
+    arrived since it was read: the caller rebuilds. All or nothing."""
+    agents: dict[str, tuple[str, int]] = {}
+    imported = []
+    with db.write() as s:
+        resolved: dict[tuple, tuple[str, int]] = {}
+        for top, _seen in trees:
+            for node in _nodes(top):
+                agent_id, definition = _definition(node)
+                key = (agent_id, definition.name, definition.model, definition.instructions,
+                       tuple(definition.tools))
+                if key not in resolved:
+                    resolved[key] = _ensure_agent(s, agent_id, definition)
+                agents[node.run_id] = resolved[key]
+        for top, _seen in trees:
+            conversation = mapping.conversation_id(top.row.attributes)
+            for span in top.content:
+                if conversation is not None:
+                    break
+                conversation = mapping.conversation_id(span.attributes)
+            session_id = None
+            if conversation is not None:
+                session_id = _session_for(s, top.row.owner_id, conversation,
+                                          agents[top.run_id][0], top.row.start_at)
+            imported.append(_imported(top, agents, top.row.owner_id, session_id))
+    importer = BulkImporter(db)
+    batch = importer.prepare(imported)
+    spans = OtlpSpan.__table__
+    try:
+        with db.write() as s:
+            for top, _seen in trees:
+                for node in _nodes(top):
+                    ids = [node.row.span_id, *(c.span_id for c in node.content)]
+                    claimed = s.execute(
+                        update(spans)
+                        .where(spans.c.trace_id == node.row.trace_id,
+                               spans.c.span_id.in_(ids), spans.c.run_id.is_(None))
+                        .values(run_id=node.run_id)
+                    ).rowcount
+                    if claimed != len(ids):
+                        raise _Lost(0)
+            # Counted after the claims: a span stored by a request that committed before this
+            # point is seen here (and the tree is rebuilt with it); one that commits later sees
+            # these trees once they are committed, and reports itself as late.
+            stored = dict(s.execute(
+                select(spans.c.trace_id, func.count())
+                .where(spans.c.trace_id.in_([top.row.trace_id for top, _ in trees]))
+                .group_by(spans.c.trace_id)).all())
+            if any(stored.get(top.row.trace_id) != seen for top, seen in trees):
+                raise _Lost(None)
+            importer.write_prepared(s, batch)
+    except _Lost as lost:
+        return lost.args[0]
+    return len(batch.runs)
+
+
+def _tops(rows: list[OtlpSpan], now: datetime, quiet_seconds: float, force: bool) -> list[OtlpSpan]:
+    """The spans of one trace that are ready to be written as root runs."""
+    by_id = {r.span_id: r for r in rows}
+    quiet = force or max((r.received_at for r in rows), default=now) <= now - timedelta(
+        seconds=quiet_seconds)
+    tops = []
+    agents_present = any(mapping.is_agent_span(r.attributes) for r in rows)
+    for row in rows:
+        if row.run_id is not None:
+            continue
+        if agents_present:
+            if not mapping.is_agent_span(row.attributes):
+                continue
+            chain, complete = _ancestors(row, by_id)
+            if any(mapping.is_agent_span(a.attributes) for a in chain):
+                continue  # a child run: written with its parent
+            if any(a.run_id for a in chain):
+                continue  # under a recorded run: late
+            if complete or quiet:
+                tops.append(row)
+        elif row.parent_span_id is None and any(
+                mapping.is_model_span(r.attributes) or mapping.is_tool_span(r.attributes)
+                for r in rows):
+            tops.append(row)  # no agent span: the trace's root span is the run
+    return tops
+
+
+def _trace_rows(db: Database, trace_ids) -> dict[str, list[OtlpSpan]]:
+    with db.read() as s:
+        rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id.in_(list(trace_ids)))
+                         ).scalars().all()
+        s.expunge_all()
+    by_trace: dict[str, list[OtlpSpan]] = defaultdict(list)
+    for row in rows:
+        by_trace[row.trace_id].append(row)
+    return by_trace
+
+
+def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: float,
+                  *, force: bool = False) -> int:
+    """Write every run tree of the trace that is ready; returns how many runs were written."""
+    written = 0
+    for _attempt in range(5):
+        rows = _trace_rows(db, [trace_id]).get(trace_id, [])
+        tops = _tops(rows, now, quiet_seconds, force)
+        if not tops:
+            break
+        stale = False
+        for top in tops:
+            count = _write_trees(db, [(_build(top, rows), len(rows))])
+            if count is None:
+                stale = True
+                break
+            written += count
+        if not stale:
+            break
+    return written
+
+
+def process_traces(db: Database, trace_ids: set[str], now: datetime,
+                   quiet_seconds: float) -> int:
+    """All ready trees of these traces in one transaction; when another server got in the way
+    (a tree claimed, or spans added meanwhile), trace by trace instead."""
+    by_trace = _trace_rows(db, trace_ids)
+    trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
+             for top in _tops(rows, now, quiet_seconds, False)]
+    if not trees:
+        return 0
+    if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
+        written = _write_trees(db, trees)
+        if written:
+            return written
+    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace))
+
+
+def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
+               *, force: bool) -> int:
+    """Spans still waiting under (or beside) a recorded run never will be recorded: mark them
+    ``NOT_RECORDED`` and count the new ones among them."""
+    late = 0
+    by_trace = _trace_rows(db, trace_ids)
+    marks = []
+    for trace_id, spans in by_trace.items():
+        by_id = {r.span_id: r for r in spans}
+        for row in spans:
+            if row.run_id is not None:
+                continue
+            chain, _complete = _ancestors(row, by_id)
+            if force or any(a.run_id for a in chain):
+                marks.append((trace_id, row.span_id))
+    if marks:
+        with db.write() as s:
+            s.execute(update(OtlpSpan).where(
+                tuple_(OtlpSpan.trace_id, OtlpSpan.span_id).in_(marks),
+                OtlpSpan.run_id.is_(None)).values(run_id=NOT_RECORDED))
+        late = sum(1 for m in marks if m in new)
+    return late
+
+
+def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
+                  quiet_seconds: float = DEFAULT_QUIET_SECONDS) -> ExportOutcome:
+    """Store an export's spans (one transaction), then write the runs that became ready."""
+    outcome = ExportOutcome(received=len(spans))
+    with db.write() as s:
+        now = dialect.now(s)
+        new, refusals = store_spans(s, owner_id, spans, now)
+    outcome.new = len(new)
+    outcome.rejected += len(refusals)
+    outcome.messages += refusals
+    traces = {t for t, _ in new}
+    if traces:
+        outcome.runs_written += process_traces(db, traces, now, quiet_seconds)
+    if traces:
+        late = _mark_late(db, traces, set(new), force=False)
+        if late:
+            outcome.rejected += late
+            outcome.messages.append(f"{late} span(s) arrived after the run they belong to "
+                                    "was recorded; they are kept but not recorded")
+    return outcome
+
+
+def flush_quiet_traces(db: Database, *, quiet_seconds: float = DEFAULT_QUIET_SECONDS,
+                       limit: int = 100) -> int:
+    """Traces quiet for ``quiet_seconds`` whose top agent span never showed its parent: write
+    their top agent spans as root runs; spans left over are marked not recorded. Returns the
+    number of runs written (the reconciler loop calls this)."""
+    with db.read() as s:
+        now = dialect.now(s)
+        cutoff = now - timedelta(seconds=quiet_seconds)
+        waiting = s.execute(
+            select(OtlpSpan.trace_id).where(OtlpSpan.run_id.is_(None))
+            .group_by(OtlpSpan.trace_id)
+            .having(func.max(OtlpSpan.received_at) <= cutoff).limit(limit)
+        ).scalars().all()
+    written = 0
+    for trace_id in waiting:
+        written += process_trace(db, trace_id, now, quiet_seconds, force=True)
+    if waiting:
+        _mark_late(db, set(waiting), set(), force=True)
+    return written
