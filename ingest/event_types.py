@@ -35,8 +35,8 @@ class ToolResult(_Data):
 class Usage(_Data):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
-    # null (or absent): no price is known for the model; sums count it as unknown, not zero.
-    cost_usd: float | None = Field(default=None, ge=0)
+    # Always present (CONTRACT §3); null when no price is known: sums count it as unknown, never zero.
+    cost_usd: float | None = Field(ge=0)
     model: str | None = None
 
 

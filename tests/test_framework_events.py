@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentledger.agent_kinds.code_agents import cost_usd
+from agentledger.agent_kinds.pricing import cost_usd
 from agentledger.core.errors import ValidationFailed
 from ingest.event_types import EXECUTOR_APPENDABLE, validated_data
 

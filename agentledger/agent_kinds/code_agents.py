@@ -14,6 +14,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
+from agentledger.agent_kinds.pricing import cost_usd
 from agentledger.agent_kinds.run_context import AgentFailed, RunCancelled, RunContext
 
 REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -96,20 +97,6 @@ def resolved(*, name: str, model: str | None, instructions: Any, tools: list[str
     return {"name": name, "model": model, "instructions_sha256": sha256_text(instructions),
             "tools": sorted(set(tools)), "source": f"{module_name}:{attr}", "package": package,
             "package_version": version, "content_hash": source_hash(module_name), **extra}
-
-
-def cost_usd(params: dict[str, Any], model: str | None, input_tokens: int,
-             output_tokens: int) -> float | None:
-    """The cost from ``params.pricing`` when it names the model, else ``None`` (unknown)."""
-    price = (params.get("pricing") or {}).get(model) if model else None
-    if not isinstance(price, dict):
-        return None
-    try:
-        cost = (input_tokens * float(price.get("input_per_million", 0))
-                + output_tokens * float(price.get("output_per_million", 0))) / 1_000_000
-    except (TypeError, ValueError):
-        return None
-    return round(cost, 9)
 
 
 def usage_event(ctx: RunContext, model: str | None, input_tokens: Any, output_tokens: Any) -> None:
