@@ -79,7 +79,20 @@ class Settings:
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
         )
-        return replace(settings, **overrides)
+        settings = replace(settings, **overrides)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse settings no process can work with (a clear error at start, not a run that
+        loses its lease): an executor renews its leases every ``heartbeat_seconds``, so a
+        heartbeat not below the lease lets every lease expire between two renewals."""
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise SystemExit(
+                f"AGENTLEDGER_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be below "
+                f"AGENTLEDGER_LEASE_SECONDS ({self.lease_seconds:g}): leases are renewed every "
+                "heartbeat and would expire between two renewals"
+            )
 
     @property
     def is_sqlite(self) -> bool:
