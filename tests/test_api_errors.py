@@ -237,10 +237,11 @@ def test_missing_idempotency_key_is_400_and_writes_nothing(api, chat):
     assert send(api, api.alice, chat, "hi", key="!").status == 202
 
 
-def test_invalid_last_event_id_is_400(api, chat):
+@pytest.mark.parametrize("last_id", ["abc", "-1", "2147483648", "194082554612"])
+def test_invalid_last_event_id_is_400(api, chat, last_id):
     run = post_message(api, api.alice, chat)["run_id"]
     reply = api.get(f"/api/agent-runs/{run}/events", api.alice,
-                    headers={"Accept": "text/event-stream", "Last-Event-ID": "abc"})
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": last_id})
     assert_error(reply, 400, "invalid_request")
 
 
