@@ -19,7 +19,9 @@ ERROR_TEXT = {
     409: "Conflict with the current state",
     413: "Body too large (payload_too_large)",
     422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message)",
+    414: "Request URL too long (invalid_request)",
     429: "Too many requests (rate_limited)",
+    431: "Request headers too large (invalid_request)",
 }
 
 
@@ -87,6 +89,7 @@ def build_openapi(operations: list[Operation]) -> dict[str, Any]:
             item["responses"][str(status)] = {"description": "Success", "content": content}
         error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         codes = set(op.errors) | ({400, 413} if op.body else set()) | ({400} if op.query else set())
+        codes |= {414, 431}  # any request: over-long URL or headers (agentledger.web.request_limits)
         if op.roles is not None:
             codes |= {401, 403}
         for status in sorted(codes):
