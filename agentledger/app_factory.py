@@ -49,6 +49,9 @@ def create_app(
     app.register_blueprint(blueprint)
     app.register_blueprint(web_auth)
     register_error_handlers(app)
+    from agentledger.web.request_limits import refuse_oversized
+
+    app.before_request(refuse_oversized)
     if dashboards:
         try:
             from dashboards import mount_dashboards

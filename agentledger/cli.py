@@ -137,8 +137,8 @@ def cmd_serve(args, settings: Settings) -> int:
     from agentledger.server import serve
 
     return serve(settings, host=args.host, port=args.port, run_worker=not args.no_worker,
-                 demo=args.demo, workers=args.workers, threads=args.threads,
-                 concurrency=args.concurrency, run_reconciler=not args.no_reconciler)
+                 run_reconciler=not args.no_reconciler, demo=args.demo, workers=args.workers, threads=args.threads,
+                 concurrency=args.concurrency)
 
 
 def cmd_worker(args, settings: Settings) -> int:
@@ -173,9 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--no-worker", action="store_true", help="do not execute runs in this process")
     p.add_argument("--no-reconciler", action="store_true",
-                   help="do not reconcile expired leases in this process")
+                   help="do not reconcile expired leases in this process (it does by default, "
+                        "also with --no-worker)")
     p.add_argument("--demo", action="store_true", help="seed demo data when the database is empty")
-    p.add_argument("--workers", type=int, default=1, help="HTTP worker processes (gunicorn)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="HTTP worker processes (gunicorn); default: one per CPU core on "
+                        "PostgreSQL, 1 on SQLite")
     p.add_argument("--threads", type=int, default=128,
                    help="threads per HTTP worker process (each open event stream uses one)")
     p.add_argument("--concurrency", type=int, default=4,

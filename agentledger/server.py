@@ -3,23 +3,78 @@
 gunicorn's threaded workers (``gthread``) serve the API and dashboards; every open
 Server-Sent-Events stream occupies one thread, so ``--threads`` bounds the number of concurrent
 streams per process. Unless ``--no-worker`` is given, each gunicorn worker process also runs an
-executor and a reconciler in background threads. Its executor id is stable across restarts
+executor in a background thread. Its executor id is stable across restarts
 (``serve-<host>-<port>-<slot>``), so when the server starts again after a crash, the runs its
-previous incarnation left unfinished end ``interrupted`` (``service_restart``).
+previous incarnation left unfinished end ``interrupted`` (``service_restart``). Every worker
+process also runs a reconciler unless ``--no-reconciler`` is given, with or without
+``--no-worker``: in a scale-out deployment (``serve --no-worker`` plus ``agentledger worker``
+processes) the runs of a worker that died end ``interrupted`` (``lease_expired``) even when no
+worker is left to reconcile them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 
+from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
+from gunicorn.http import errors as http_errors
+from gunicorn.workers.gthread import ThreadWorker
 
 from agentledger.core.config import Settings
 from agentledger.process_tuning import tune_for_long_running_process
 
 log = logging.getLogger("agentledger.server")
+
+# gunicorn refuses longer request lines and headers before the app is asked. Its limits sit
+# above what the app accepts (agentledger.web.request_limits), so that the app answers such
+# requests in JSON; beyond them, JsonErrorThreadWorker answers in JSON too. 8190 is the longest
+# request line gunicorn allows short of "unlimited".
+LIMIT_REQUEST_LINE = 8_190
+LIMIT_REQUEST_FIELDS = 200
+LIMIT_REQUEST_FIELD_SIZE = 16_384
+
+
+def _refusal(exc: BaseException) -> tuple[int, str, str, str]:
+    """(status, reason, code, message) for an error gunicorn raised while reading a request."""
+    if isinstance(exc, http_errors.LimitRequestLine):
+        return 414, "URI Too Long", "invalid_request", "the request line is too long"
+    if isinstance(exc, http_errors.LimitRequestHeaders):
+        return (431, "Request Header Fields Too Large", "invalid_request",
+                "the request headers are too large or too many")
+    if isinstance(exc, http_errors.ParseException | ValueError):
+        return 400, "Bad Request", "invalid_request", "the request is not valid HTTP"
+    return 500, "Internal Server Error", "internal_error", "the server failed; the error was logged"
+
+
+class JsonErrorThreadWorker(ThreadWorker):
+    """gunicorn's threaded worker whose own refusals (request line or headers too large,
+    malformed HTTP) carry the JSON error envelope instead of an HTML page."""
+
+    def handle_error(self, req, client, addr, exc):
+        from agentledger.web.request_limits import json_error_bytes
+
+        status, reason, code, message = _refusal(exc)
+        if status == 500:
+            self.log.exception("error handling request")
+        else:
+            self.log.warning("refused a request from %s: %s", (addr or ("",))[0], exc)
+        try:
+            gunicorn_util.write_nonblock(client, json_error_bytes(status, reason, code, message))
+        except Exception:  # noqa: BLE001 - the client may be gone
+            self.log.debug("failed to send the error response")
+
+
+def default_workers(settings: Settings) -> int:
+    """HTTP worker processes when ``--workers`` is not given: one per CPU core on PostgreSQL;
+    1 on SQLite (one file, one writer at a time: more processes only wait on its lock)."""
+    if settings.is_sqlite:
+        return 1
+    cores = os.process_cpu_count() if hasattr(os, "process_cpu_count") else os.cpu_count()
+    return max(1, cores or 1)
 
 
 def _is_empty(settings: Settings) -> bool:
@@ -51,8 +106,8 @@ def _admin_login_link(settings: Settings, base_url: str) -> str:
 
 
 class _Gunicorn(BaseApplication):
-    def __init__(self, settings: Settings, options: dict, *, run_worker: bool, port: int,
-                 concurrency: int, run_reconciler: bool = True):
+    def __init__(self, settings: Settings, options: dict, *, run_worker: bool,
+                 run_reconciler: bool, port: int, concurrency: int):
         self.settings = settings
         self.options = options
         self.run_worker = run_worker
@@ -85,42 +140,35 @@ class _Gunicorn(BaseApplication):
         from agentledger.worker.reconciler_loop import ReconcilerThread
 
         state = worker.wsgi.extensions["agentledger"]
-        if not self.run_worker:
-            # Runs executed elsewhere (workers over the database or over --api) still need
-            # their leases watched: a server reconciles unless told not to.
-            if self.run_reconciler:
-                reconciler = ReconcilerThread(state.db, self.settings)
-                reconciler.start()
-                worker.agentledger_background = (None, reconciler)
-            return
-        slot = getattr(worker, "agentledger_slot", 0)
-        instance_id = f"serve-{socket.gethostname()}-{self.port}-{slot}"
-        executor = Executor(state.db, self.settings, instance_id=instance_id,
-                            concurrency=self.concurrency,
-                            notifier=state.notifier)
-        executor.start()
-        reconciler = None
+        executor = reconciler = None
+        if self.run_worker:
+            slot = getattr(worker, "agentledger_slot", 0)
+            instance_id = f"serve-{socket.gethostname()}-{self.port}-{slot}"
+            executor = Executor(state.db, self.settings, instance_id=instance_id,
+                                concurrency=self.concurrency,
+                                notifier=state.notifier)
+            executor.start()
         if self.run_reconciler:
             reconciler = ReconcilerThread(state.db, self.settings)
             reconciler.start()
         worker.agentledger_background = (executor, reconciler)
 
     def _worker_exit(self, server, worker) -> None:
-        background = getattr(worker, "agentledger_background", None)
-        if background:
-            executor, reconciler = background
-            if reconciler is not None:
-                reconciler.stop()
-            if executor is not None:
-                executor.stop(reason="executor_shutdown")
+        executor, reconciler = getattr(worker, "agentledger_background", (None, None))
+        if reconciler is not None:
+            reconciler.stop()
+        if executor is not None:
+            executor.stop(reason="executor_shutdown")
 
 
-def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, demo: bool = False,
-          workers: int = 1, threads: int = 128, concurrency: int = 4,
-          run_reconciler: bool = True) -> int:
+def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
+          run_reconciler: bool = True, demo: bool = False, workers: int | None = None,
+          threads: int = 128, concurrency: int = 4) -> int:
     from agentledger.core.migrate import upgrade
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if workers is None:
+        workers = default_workers(settings)
     if workers < 1 or threads < 1:
         raise SystemExit("--workers and --threads must be at least 1")
     upgrade(settings.database_url)
@@ -135,19 +183,26 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True, 
     base_url = f"http://{host}:{port}"
     print(f"agentledger on {base_url}  (database: {settings.database_url.split('@')[-1]})", flush=True)
     print(f"admin login: {_admin_login_link(settings, base_url)}", flush=True)
+    reconciling = (f"reconciler every {settings.reconcile_seconds:g}s" if run_reconciler
+                   else "no reconciler")
+    print(f"{workers} HTTP worker process(es); in each: "
+          f"{'executor' if run_worker else 'no executor'}, {reconciling}", flush=True)
     options = {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gthread",
+        "worker_class": JsonErrorThreadWorker,
         "threads": threads,
         "timeout": 60,
         "graceful_timeout": 10,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "info",
+        "limit_request_line": LIMIT_REQUEST_LINE,
+        "limit_request_fields": LIMIT_REQUEST_FIELDS,
+        "limit_request_field_size": LIMIT_REQUEST_FIELD_SIZE,
     }
-    _Gunicorn(settings, options, run_worker=run_worker, port=port, concurrency=concurrency,
-              run_reconciler=run_reconciler).run()
+    _Gunicorn(settings, options, run_worker=run_worker, run_reconciler=run_reconciler, port=port,
+              concurrency=concurrency).run()
     return 0
 
 

@@ -9,6 +9,7 @@ from agentledger.core.errors import NotFound, RunTerminal
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import TERMINAL
 from ingest.events import append_events, lock_run_and_parent
+from queries.visibility import may_see
 
 
 def _subtree_top_down(session: Session, run_id: str, root_run_id: str) -> list[str]:
@@ -54,13 +55,13 @@ def request_cancel(
 
     A queued run is ``cancelled`` at once; a running one becomes ``cancelling`` and its executor
     confirms with ``run.cancelled``. Repeating the request is harmless; a terminal run raises
-    ``RunTerminal``.
+    ``RunTerminal``. A run that ``visible_to`` may not see (another owner's, or one of a deleted
+    session) is ``NotFound``, exactly as on the read side.
     """
-    stmt = select(AgentRun.root_run_id, AgentRun.status).where(AgentRun.id == run_id)
-    if visible_to is not None:
-        stmt = stmt.where(AgentRun.owner_id == visible_to)
-    row = session.execute(stmt).one_or_none()
-    if row is None:
+    row = session.execute(
+        select(AgentRun.root_run_id, AgentRun.status).where(AgentRun.id == run_id)
+    ).one_or_none()
+    if row is None or not may_see(session, "run", run_id, visible_to):
         raise NotFound(f"run {run_id} does not exist")
     if row.status in TERMINAL:
         raise RunTerminal(f"run {run_id} has already ended ({row.status})")

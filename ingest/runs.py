@@ -40,6 +40,7 @@ from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, check_lease, lock_run
 from ingest.rate_limits import take_run_slot
 from ingest.sessions import create_thread
+from queries.visibility import session_visible_to
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ def _lookup_statement(dialect_name: str, *, scoped: bool):
         .where(chat.c.id == bindparam("session_id"), chat.c.deleted_at.is_(None))
     )
     if scoped:
-        stmt = stmt.where(chat.c.owner_id == bindparam("visible_to"))
+        # the read side's rule (queries.visibility), in the same round trip
+        stmt = stmt.where(session_visible_to(bindparam("visible_to", type_=String)))
     return stmt
 
 

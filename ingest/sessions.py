@@ -9,6 +9,7 @@ from agentledger.core import dialect
 from agentledger.core.errors import NotFound, UnknownAgent
 from agentledger.core.ids import new_id
 from agentledger.core.schema import Agent, ChatSession, ConversationThread
+from queries.visibility import may_see
 
 _UNSET = object()
 
@@ -47,13 +48,12 @@ def create_session(session: Session, *, owner_id: str, agent_id: str, title: str
 
 
 def _visible(session: Session, session_id: str, owner_id: str | None):
-    """The live session, or ``NotFound`` (also for another owner's, when ``owner_id`` is given)."""
-    stmt = select(ChatSession.id).where(
-        ChatSession.id == session_id, ChatSession.deleted_at.is_(None)
-    )
-    if owner_id is not None:
-        stmt = stmt.where(ChatSession.owner_id == owner_id)
-    if session.execute(stmt).first() is None:
+    """The live session, or ``NotFound``: one the caller limited to ``owner_id`` may not see
+    (the rule of ``queries.visibility``), or a deleted one (which takes no writes from anyone)."""
+    live = session.execute(
+        select(ChatSession.id).where(ChatSession.id == session_id, ChatSession.deleted_at.is_(None))
+    ).first()
+    if live is None or not may_see(session, "session", session_id, owner_id):
         raise NotFound(f"session {session_id} does not exist")
 
 

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, literal, select, tuple_
-from sqlalchemy.orm import aliased
+from sqlalchemy import literal, tuple_
 
 from agentledger.core.errors import InvalidRequest
-from agentledger.core.schema import AgentRun, ChatSession
+from queries.visibility import run_visible_to, session_visible_to  # noqa: F401 - re-exported
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -62,29 +61,6 @@ def parse_time(text: str) -> datetime:
     if moment.tzinfo is None:
         raise BadCursor("cursor is not valid")
     return moment
-
-
-# Built once: an alias copies every column of the table, which costs more than the query
-# around it (it ran on each stream wake-up and each owner-scoped read).
-_ROOT_RUN = aliased(AgentRun, name="root_run")
-
-
-def run_visible_to(owner_id: str):
-    """SQL condition: the run is this owner's and its root run's session was not deleted.
-
-    A deleted session disappears for its owner together with its runs (child runs included);
-    viewers and admins still see everything (they pass no owner).
-    """
-    root = _ROOT_RUN
-    return and_(
-        AgentRun.owner_id == owner_id,
-        ~exists(
-            select(1)
-            .select_from(root)
-            .join(ChatSession, ChatSession.id == root.session_id)
-            .where(root.id == AgentRun.root_run_id, ChatSession.deleted_at.is_not(None))
-        ),
-    )
 
 
 def run_summary(row) -> dict[str, Any]:

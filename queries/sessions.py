@@ -14,6 +14,7 @@ from queries.common import (
     iso,
     keyset_page,
 )
+from queries.visibility import session_visible_to
 
 
 def session_dict(row) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def session_dict(row) -> dict[str, Any]:
 
 def _visible(stmt, visible_to: str | None):
     if visible_to is not None:
-        stmt = stmt.where(ChatSession.owner_id == visible_to, ChatSession.deleted_at.is_(None))
+        stmt = stmt.where(session_visible_to(visible_to))
     return stmt
 
 

@@ -317,9 +317,11 @@ class ProcessManager:
 
     def serve(self, db_url: str, *, port: int | None = None, worker: bool = False,
               name: str = "serve", timeout: float = 60.0, args: tuple[str, ...] = (),
-              **env: str) -> Proc:
+              default_workers: bool = False, **env: str) -> Proc:
         port = port or free_port()
         cli = ["serve", "--host", "127.0.0.1", "--port", str(port), "--threads", "16", *args]
+        if "--workers" not in args and not default_workers:
+            cli += ["--workers", "1"]  # one executor slot per server unless a test asks for more
         if not worker:
             cli.append("--no-worker")
         proc = self.start(name, cli, self.environment(db_url, **env))

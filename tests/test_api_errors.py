@@ -237,10 +237,11 @@ def test_missing_idempotency_key_is_400_and_writes_nothing(api, chat):
     assert send(api, api.alice, chat, "hi", key="!").status == 202
 
 
-def test_invalid_last_event_id_is_400(api, chat):
+@pytest.mark.parametrize("last_id", ["abc", "-1", "2147483648", "194082554612"])
+def test_invalid_last_event_id_is_400(api, chat, last_id):
     run = post_message(api, api.alice, chat)["run_id"]
     reply = api.get(f"/api/agent-runs/{run}/events", api.alice,
-                    headers={"Accept": "text/event-stream", "Last-Event-ID": "abc"})
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": last_id})
     assert_error(reply, 400, "invalid_request")
 
 
@@ -476,3 +477,37 @@ def _reply(response):
         return Reply(response.status_code, response.headers, response.get_data())
     finally:
         response.close()
+
+
+# ---- bounds and strict formats (found by schemathesis) ----------------------------------------
+
+
+@pytest.mark.parametrize("after_seq", ["194082554612", "2147483648", str(2**63), "-1"])
+def test_an_after_seq_beyond_what_a_seq_column_holds_is_400_not_500(api, after_seq):
+    """``after_seq=194082554612`` was a 500 on PostgreSQL (integer out of range)."""
+    run = post_message(api, api.alice, open_session(api, api.alice)["id"], "x")["run_id"]
+    reply = api.get(f"/api/agent-runs/{run}/events", api.alice, query={"after_seq": after_seq})
+    assert_error(reply, 400, "invalid_request")
+
+
+def test_the_largest_seq_a_column_holds_is_accepted(api):
+    run = post_message(api, api.alice, open_session(api, api.alice)["id"], "x")["run_id"]
+    reply = api.get(f"/api/agent-runs/{run}/events", api.alice, query={"after_seq": 2**31 - 1})
+    assert reply.status == 200 and reply.json()["events"] == []
+
+
+@pytest.mark.parametrize("path, name", [
+    ("/api/agent-runs", "created_before"), ("/api/agent-runs", "created_after"),
+    ("/api/admin-actions", "since"), ("/api/admin-actions", "until"),
+])
+@pytest.mark.parametrize("value", ["0.5", "0", "1700000000", "2026-01-31", "2026-01-31T12:00:00",
+                                   "yesterday", "0001-01-01T00:00:00+14:00"])
+def test_date_time_parameters_are_strict_iso_8601_with_an_offset(api, path, name, value):
+    assert_error(api.get(path, api.admin, query={name: value}), 400, "invalid_request")
+
+
+@pytest.mark.parametrize("value", ["2026-01-31T12:00:00Z", "2026-01-31T12:00:00.5+02:00",
+                                   "2026-01-31t12:00z"])
+def test_iso_8601_date_times_with_an_offset_are_accepted(api, value):
+    for path, name in (("/api/agent-runs", "created_before"), ("/api/admin-actions", "until")):
+        assert api.get(path, api.admin, query={name: value}).status == 200, (path, value)

@@ -8,6 +8,7 @@ idempotency keys and executor instance ids. The server runs with
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -463,3 +464,47 @@ def _reply(response):
     from api_helpers import Reply
 
     return Reply(response.status_code, response.headers, response.content)
+
+
+# ---- request lines and headers beyond the limits: JSON, never gunicorn's HTML page -------------
+
+
+def _raw(world: World, method: str, target: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+    """One request on its own connection (gunicorn closes it after refusing a request)."""
+    with requests.request(method, world.base + target, headers=headers, timeout=30) as response:
+        return response.status_code, dict(response.headers), response.content
+
+
+def _assert_json_error(status: int, headers: dict, body: bytes, expected: int, code: str) -> None:
+    assert status == expected, (status, body[:300])
+    assert headers.get("Content-Type", "").startswith("application/json"), headers
+    error = json.loads(body)["error"]
+    assert error["code"] == code and error["message"], error
+
+
+@pytest.mark.parametrize("length, status, code", [
+    (5_000, 400, "invalid_request"),   # over gunicorn's default 4,094: the app's own validation
+    (8_100, 414, "invalid_request"),   # over the app's MAX_URL_BYTES: the app's 414
+    (20_000, 414, "invalid_request"),  # over gunicorn's limit: its refusal, in JSON
+])
+def test_an_over_long_url_is_answered_in_json(world, length, status, code):
+    target = "/api/agent-runs?agent_id=" + "a" * length
+    _assert_json_error(*_raw(world, "GET", target, {"Authorization": f"Bearer {world.admin}"}),
+                       status, code)
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-Big": "b" * 10_000},                    # over the app's field limit
+    {"X-Big": "b" * 40_000},                    # over gunicorn's field limit
+    {f"X-Many-{i}": "x" for i in range(150)},   # over the app's field count
+    {f"X-Many-{i}": "x" for i in range(300)},   # over gunicorn's field count
+], ids=["app-field-size", "server-field-size", "app-field-count", "server-field-count"])
+def test_over_large_headers_are_answered_in_json(world, headers):
+    _assert_json_error(*_raw(world, "GET", "/api/health", headers), 431, "invalid_request")
+
+
+def test_requests_under_the_limits_are_served(world):
+    status, _, body = _raw(world, "GET", "/api/agent-runs?cursor=" + "c" * 1_900,
+                           {"Authorization": f"Bearer {world.admin}", "X-Fine": "f" * 4_000})
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request"  # bad cursor
+    assert _raw(world, "GET", "/api/health", {f"X-H-{i}": "x" for i in range(60)})[0] == 200

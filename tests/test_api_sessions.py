@@ -260,6 +260,7 @@ def test_deleting_a_session_hides_it_from_its_owner_but_keeps_it_for_audit(api, 
         ("PATCH", f"/api/sessions/{chat}"), ("DELETE", f"/api/sessions/{chat}"),
         ("GET", f"/api/agent-runs/{run}"), ("GET", f"/api/agent-runs/{run}/events"),
         ("GET", f"/api/agent-runs/{run}/tree"), ("GET", f"/api/messages/{answer_id}/provenance"),
+        ("POST", f"/api/agent-runs/{run}/cancel"),
     ]:
         kwargs = {"json": {"title": "x"}} if method == "PATCH" else {}
         assert_error(api.request(method, path, token=api.alice, **kwargs), 404, "not_found")
@@ -283,6 +284,18 @@ def test_deleting_a_session_hides_it_from_its_owner_but_keeps_it_for_audit(api, 
         prov = api.get(f"/api/messages/{answer_id}/provenance", token).json()
         assert prov["session"]["id"] == chat and prov["session"]["deleted_at"] is not None
         assert prov["run"]["id"] == run
+
+
+def test_a_queued_run_of_a_deleted_session_cannot_be_cancelled_by_its_owner(api, chat):
+    """One visibility rule for reads and writes: the owner's cancel is 404 (not 202), the run
+    stays queued, and an admin can still cancel it."""
+    run = post_message(api, api.alice, chat, "wait")["run_id"]
+    assert api.request("DELETE", f"/api/sessions/{chat}", token=api.alice).status == 204
+    assert_error(api.post(f"/api/agent-runs/{run}/cancel", api.alice), 404, "not_found")
+    assert_error(api.post(f"/api/agent-runs/{run}/cancel", api.bob), 404, "not_found")
+    assert api.get(f"/api/agent-runs/{run}", api.admin).json()["status"] == "queued"
+    reply = api.post(f"/api/agent-runs/{run}/cancel", api.admin)
+    assert reply.status == 202 and reply.json()["status"] == "cancelled"
 
 
 def test_another_user_cannot_delete_and_an_admin_can(api, chat):

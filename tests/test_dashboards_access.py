@@ -122,3 +122,33 @@ def test_debug_tools_are_off(app, keys):
     assert config["ui"] is False and config["props_check"] is False
     assert config["disable_version_check"] is True
     assert "hot_reload" not in config
+
+
+def _declared(app) -> dict[str, set[str]]:
+    """Every API path of the OpenAPI document (parameters filled in) and its methods."""
+    doc = app.test_client().get("/api/openapi.json").get_json()
+    return {re.sub(r"\{[a-z_]+\}", "x_1", path): {m.upper() for m in ops}
+            for path, ops in doc["paths"].items()}
+
+
+def test_every_api_path_answers_405_and_options_with_the_apis_own_allow(app, keys):
+    """Beside the dashboards' catch-all GET route, a POST-only API path is still a 405 for GET
+    (not a 404), and its ``Allow`` never advertises the catch-all's GET."""
+    client = app.test_client()
+    declared = _declared(app)
+    assert len(declared) >= 15
+    for path, methods in declared.items():
+        expected = set(methods) | {"OPTIONS"} | ({"HEAD"} if "GET" in methods else set())
+        options = client.options(path)
+        assert options.status_code == 204, path
+        assert set(options.headers["Allow"].split(", ")) == expected, (path, options.headers)
+        for method in {"GET", "POST", "PUT", "PATCH", "DELETE", "TRACE"} - methods:
+            reply = client.open(path, method=method)
+            assert reply.status_code == 405, (method, path, reply.status_code)
+            assert reply.get_json()["error"]["code"] == "method_not_allowed"
+            assert set(reply.headers["Allow"].split(", ")) == expected, (method, path)
+
+
+def test_options_on_an_unknown_api_path_is_a_json_404(app):
+    reply = app.test_client().options("/api/no-such-route")
+    assert reply.status_code == 404 and reply.get_json()["error"]["code"] == "not_found"

@@ -20,7 +20,9 @@ ERROR_TEXT = {
     413: "Body too large (payload_too_large)",
     415: "Content-Type not accepted (unsupported_media_type)",
     422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message)",
+    414: "Request URL too long (invalid_request)",
     429: "Too many requests (rate_limited)",
+    431: "Request headers too large (invalid_request)",
 }
 
 
@@ -94,6 +96,7 @@ def build_openapi(operations: list[Operation]) -> dict[str, Any]:
         error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
         codes = set(op.errors) | ({400, 413} if op.body or op.raw_body else set()) | (
             {400} if op.query else set())
+        codes |= {414, 431}  # any request: over-long URL or headers (agentledger.web.request_limits)
         if op.roles is not None:
             codes |= {401, 403}
         for status in sorted(codes):

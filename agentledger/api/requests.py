@@ -3,15 +3,18 @@ document is generated from them, so the two can never drift apart."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from agentledger.core.vocabulary import RunStatus
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_CONTENT = 32_000
+# Columns that hold an event seq or a version are INTEGER (int32) on both databases.
+MAX_INT32 = 2_147_483_647
 
 
 class Strict(BaseModel):
@@ -19,11 +22,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _no_nul(value: str | None) -> str | None:
+def _storable(value: str) -> str:
     # Neither database stores NUL in text, and lone surrogates are not UTF-8.
-    if value is not None and "\x00" in value:
+    if "\x00" in value:
         raise ValueError("must not contain NUL characters or lone surrogates")
-    if value is not None and not value.isascii():
+    if not value.isascii():
         try:
             value.encode("utf-8")  # fails exactly on lone surrogates (U+D800..U+DFFF)
         except UnicodeEncodeError:
@@ -31,19 +34,43 @@ def _no_nul(value: str | None) -> str | None:
     return value
 
 
+StorableText = Annotated[str, AfterValidator(_storable)]
+"""Text either database can store: no NUL, no lone surrogates (its JSON schema is a string)."""
+
+_ISO_8601 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def _iso_8601_text(value: Any) -> Any:
+    # pydantic alone also takes a bare number as a Unix time ("0.5"): only ISO 8601 text is a time.
+    if not isinstance(value, str) or not _ISO_8601.fullmatch(value):
+        raise ValueError("must be an ISO 8601 date-time with a UTC offset, e.g. 2026-01-31T12:00:00Z")
+    return value
+
+
+def _in_utc_range(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)  # the databases compare in UTC; year 1 at +14:00 has none
+    except OverflowError:
+        raise ValueError("is out of range") from None
+
+
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_8601_text), AfterValidator(_in_utc_range)]
+"""A date-time query parameter: ISO 8601 text with an offset, nothing else."""
+
+
 # ---- requests -------------------------------------------------------------------------------
 
 
 class AgentBody(Strict):
     id: str = Field(pattern=AGENT_ID_PATTERN, description="slug chosen by whoever registers it")
-    name: str = Field(min_length=1, max_length=200)
-    kind: str = Field(min_length=1, max_length=63)
-    model: str | None = Field(default=None, max_length=200)
-    instructions: str | None = Field(default=None, max_length=100_000)
+    name: StorableText = Field(min_length=1, max_length=200)
+    kind: StorableText = Field(min_length=1, max_length=63)
+    model: StorableText | None = Field(default=None, max_length=200)
+    instructions: StorableText | None = Field(default=None, max_length=100_000)
     tools: list[Any] = Field(default_factory=list)
     params: dict[str, Any] = Field(default_factory=dict)
-
-    _nul = field_validator("name", "kind", "model", "instructions")(_no_nul)
 
 
 class AgentVersionBody(AgentBody):
@@ -52,33 +79,25 @@ class AgentVersionBody(AgentBody):
 
 class CreateSessionBody(Strict):
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
-    title: str | None = Field(default=None, max_length=500)
-
-    _nul = field_validator("title")(_no_nul)
+    title: StorableText | None = Field(default=None, max_length=500)
 
 
 class PatchSessionBody(Strict):
-    title: str | None = Field(default=None, max_length=500)
+    title: StorableText | None = Field(default=None, max_length=500)
     agent_id: str | None = Field(default=None, pattern=AGENT_ID_PATTERN)
-
-    _nul = field_validator("title")(_no_nul)
 
 
 class ContextItemBody(Strict):
-    id: str = Field(min_length=1, max_length=200)
-    title: str = Field(min_length=0, max_length=500)
-    content: str = Field(max_length=1_000_000)
-    version: str | int | None = None
-
-    _nul = field_validator("id", "title", "content")(_no_nul)
+    id: StorableText = Field(min_length=1, max_length=200)
+    title: StorableText = Field(min_length=0, max_length=500)
+    content: StorableText = Field(max_length=1_000_000)
+    version: StorableText | int | None = None
 
 
 class PostMessageBody(Strict):
-    content: str = Field(min_length=1, max_length=MAX_CONTENT)
+    content: StorableText = Field(min_length=1, max_length=MAX_CONTENT)
     agent_id: str | None = Field(default=None, pattern=AGENT_ID_PATTERN)
     context: list[ContextItemBody] | None = Field(default=None, max_length=100)
-
-    _nul = field_validator("content")(_no_nul)
 
 
 class ListQuery(Strict):
@@ -87,22 +106,13 @@ class ListQuery(Strict):
     cursor: str | None = Field(default=None, max_length=2000)
 
 
-
-
 class RunListQuery(ListQuery):
     status: RunStatus | None = None
     agent_id: str | None = Field(default=None, max_length=63)
     session_id: str | None = Field(default=None, max_length=40)
     root_run_id: str | None = Field(default=None, max_length=40)
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-
-    @field_validator("created_after", "created_before")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("must include a UTC offset, e.g. 2026-01-31T12:00:00Z")
-        return value
+    created_after: IsoDateTime | None = None
+    created_before: IsoDateTime | None = None
 
 
 class AdminActionsQuery(ListQuery):
@@ -110,54 +120,37 @@ class AdminActionsQuery(ListQuery):
                     "run.cancel_requested", "session.deleted"] | None = None
     actor: str | None = Field(default=None, max_length=200)
     target_id: str | None = Field(default=None, max_length=200)
-    since: datetime | None = None
-    until: datetime | None = None
-
-    @field_validator("since", "until")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("must include a UTC offset, e.g. 2026-01-31T12:00:00Z")
-        return value
+    since: IsoDateTime | None = None
+    until: IsoDateTime | None = None
 
 
 class EventsQuery(Strict):
     model_config = ConfigDict(extra="ignore")
-    after_seq: int = Field(default=0, ge=0)
+    after_seq: int = Field(default=0, ge=0, le=MAX_INT32)
     limit: int = Field(default=50, ge=1, le=500)
 
 
 class ClaimBody(Strict):
-    executor_instance_id: str = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
     max_runs: int = Field(default=1, ge=1, le=100)
     lease_seconds: float | None = Field(default=None, ge=1, le=3600)
 
-    _nul = field_validator("executor_instance_id")(_no_nul)
-
 
 class HeartbeatBody(Strict):
-    executor_instance_id: str = Field(min_length=1, max_length=200)
-
-    _nul = field_validator("executor_instance_id")(_no_nul)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
 
 
 class ExecutorEvent(Strict):
-    type: str = Field(min_length=1, max_length=40)
+    type: StorableText = Field(min_length=1, max_length=40)
     data: dict[str, Any] = Field(default_factory=dict)
-
-    _nul = field_validator("type")(_no_nul)
 
 
 class AppendEventsBody(Strict):
-    executor_instance_id: str = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
     events: list[ExecutorEvent] = Field(min_length=1, max_length=1000)
-
-    _nul = field_validator("executor_instance_id")(_no_nul)
 
 
 class CreateChildBody(Strict):
-    executor_instance_id: str = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
-    input: str = Field(min_length=1, max_length=MAX_CONTENT)
-
-    _nul = field_validator("input", "executor_instance_id")(_no_nul)
+    input: StorableText = Field(min_length=1, max_length=MAX_CONTENT)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,6 +11,18 @@ from agentledger.core.vocabulary import RunStatus
 
 class Open(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a list (CONTRACT §5): its items and the cursor of the next page, if any.
+    Each list names its page (``class RunList(Page[RunOut])``), so the OpenAPI document keeps
+    one readable component per list."""
+
+    items: list[T]
+    next_cursor: str | None
 
 
 class ErrorDetail(BaseModel):
@@ -45,9 +57,8 @@ class AgentOut(AgentVersionOut):
     versions: list[AgentVersionOut] | None = None
 
 
-class AgentList(BaseModel):
-    items: list[AgentOut]
-    next_cursor: str | None
+class AgentList(Page[AgentOut]):
+    pass
 
 
 class SessionOut(Open):
@@ -60,9 +71,8 @@ class SessionOut(Open):
     deleted_at: str | None = None
 
 
-class SessionList(BaseModel):
-    items: list[SessionOut]
-    next_cursor: str | None
+class SessionList(Page[SessionOut]):
+    pass
 
 
 class MessageOut(Open):
@@ -76,9 +86,8 @@ class MessageOut(Open):
     agent_version: int
 
 
-class MessageList(BaseModel):
-    items: list[MessageOut]
-    next_cursor: str | None
+class MessageList(Page[MessageOut]):
+    pass
 
 
 class PostMessageOut(BaseModel):
@@ -116,9 +125,8 @@ class RunOut(Open):
                           "in this run's input, context, events and answer before storing")
 
 
-class RunList(BaseModel):
-    items: list[RunOut]
-    next_cursor: str | None
+class RunList(Page[RunOut]):
+    pass
 
 
 class EventOut(BaseModel):
@@ -230,9 +238,8 @@ class AdminActionOut(BaseModel):
     detail: dict[str, Any]
 
 
-class AdminActionList(BaseModel):
-    items: list[AdminActionOut]
-    next_cursor: str | None
+class AdminActionList(Page[AdminActionOut]):
+    pass
 
 
 class OtlpPartialSuccess(BaseModel):

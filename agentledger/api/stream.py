@@ -13,6 +13,7 @@ import time
 from flask import Response, request, stream_with_context
 
 from agentledger.api.request_scope import owner_scope, read_one, state
+from agentledger.api.requests import MAX_INT32
 from agentledger.core.errors import InvalidRequest, NotFound
 from queries.run_events import events_page, run_head
 
@@ -35,6 +36,8 @@ def _start_after(default: int) -> int:
         raise InvalidRequest("Last-Event-ID must be an event seq (an integer)") from exc
     if value < 0:
         raise InvalidRequest("Last-Event-ID must not be negative")
+    if value > MAX_INT32:
+        raise InvalidRequest(f"Last-Event-ID must be at most {MAX_INT32} (an event seq)")
     return value
 
 

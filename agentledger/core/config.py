@@ -88,7 +88,7 @@ class Settings:
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
         )
         settings = replace(settings, **overrides)
-        settings.redaction_rules()  # refuse a bad value at start, not at the first write
+        settings.check()
         return settings
 
     def redaction_rules(self):
@@ -99,6 +99,18 @@ class Settings:
             return parse_rules(self.redact)
         except RedactionConfigError as exc:
             raise SystemExit(str(exc)) from None
+
+    def check(self) -> None:
+        """Refuse settings no process can work with (a clear error at start, not a run that
+        loses its lease): an executor renews its leases every ``heartbeat_seconds``, so a
+        heartbeat not below the lease lets every lease expire between two renewals."""
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise SystemExit(
+                f"AGENTLEDGER_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be below "
+                f"AGENTLEDGER_LEASE_SECONDS ({self.lease_seconds:g}): leases are renewed every "
+                "heartbeat and would expire between two renewals"
+            )
+        self.redaction_rules()  # a bad AGENTLEDGER_REDACT stops the process at start
 
     @property
     def is_sqlite(self) -> bool:

@@ -42,29 +42,41 @@ def _is_page_request() -> bool:
     )
 
 
-def _api_routing() -> Response | None:
-    """Keep the dashboards' catch-all route (``/<path:path>``, GET) out of the API's answers:
-    an unknown API path is a JSON 404, a wrong method on a real one a JSON 405."""
-    rule = request.url_rule
-    if rule is not None:
-        return None if _is_api(rule.rule) else error_response(404, "not_found", f"no route {request.path}")
-    exc = request.routing_exception
-    if not isinstance(exc, MethodNotAllowed):
-        return None  # a plain 404: the API's error handler answers it
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def api_methods(path: str) -> list[str]:
+    """The methods the API itself serves on ``path`` (the dashboards' catch-all excluded)."""
     adapter = current_app.url_map.bind("")
     allowed = []
-    for method in exc.valid_methods or ():
+    for method in _METHODS:
         try:
-            found, _ = adapter.match(request.path, method=method, return_rule=True)
+            found, _ = adapter.match(path, method=method, return_rule=True)
         except HTTPException:
             continue
         if _is_api(found.rule):
             allowed.append(method)
+    return allowed
+
+
+def _api_routing() -> Response | None:
+    """Keep the dashboards' catch-all route (``/<path:path>``, GET) out of the API's answers:
+    an unknown API path is a JSON 404; a method the API does not serve on a real path is a JSON
+    405 with the API's ``Allow`` (not the catch-all's GET), and ``OPTIONS`` answers 204 with
+    that same ``Allow``."""
+    rule = request.url_rule
+    if rule is not None and _is_api(rule.rule) and request.method != "OPTIONS":
+        return None
+    if rule is None and not isinstance(request.routing_exception, MethodNotAllowed):
+        return None  # a plain 404 (or a redirect): the API's error handler answers it
+    allowed = api_methods(request.path)
     if not allowed:
         return error_response(404, "not_found", f"no route {request.path}")
+    allow = ", ".join([*allowed, "OPTIONS"])
+    if request.method == "OPTIONS":
+        return Response(status=204, headers={"Allow": allow})
     return error_response(405, "method_not_allowed",
-                          f"{request.method} is not allowed on {request.path}",
-                          {"Allow": ", ".join(allowed)})
+                          f"{request.method} is not allowed on {request.path}", {"Allow": allow})
 
 
 def guard() -> Response | None:
