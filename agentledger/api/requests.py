@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentledger.core.vocabulary import RunStatus
+from agentledger.core.vocabulary import InterruptReason, RunStatus
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_CONTENT = 32_000
@@ -161,3 +161,68 @@ class CreateChildBody(Strict):
     input: str = Field(min_length=1, max_length=MAX_CONTENT)
 
     _nul = field_validator("input", "executor_instance_id")(_no_nul)
+
+
+# ---- the JSON twins of the dashboards (CONTRACT §9) ---------------------------------------
+
+WindowKey = Literal["1h", "6h", "24h", "7d", "14d", "30d", "90d", "all"]
+
+
+def _aware_or_none(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise ValueError("must include a UTC offset, e.g. 2026-01-31T12:00:00Z")
+    return value
+
+
+class CreatedWindow(Strict):
+    """A preset ``window`` ending now (each twin defaults to its page's), or explicit bounds:
+    ``created_after``/``created_before`` replace the preset when either is given."""
+
+    model_config = ConfigDict(extra="ignore")
+    window: WindowKey | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    _aware = field_validator("created_after", "created_before")(_aware_or_none)
+
+
+class OverviewQuery(CreatedWindow):
+    pass
+
+
+class MessageSearchQuery(ListQuery, CreatedWindow):
+    q: str | None = Field(default=None, max_length=200, description="case-insensitive substring")
+    session_id: str | None = Field(default=None, max_length=40)
+    owner_id: str | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(default=None, max_length=63)
+
+    _nul = field_validator("q", "owner_id")(_no_nul)
+
+
+class TimelineQuery(ListQuery, CreatedWindow):
+    status: RunStatus | None = None
+    agent_id: str | None = Field(default=None, max_length=63)
+    roots_only: bool = False
+
+
+class InterruptedQuery(ListQuery):
+    window: WindowKey | None = None
+    interrupted_after: datetime | None = None
+    interrupted_before: datetime | None = None
+    reason: InterruptReason | None = None
+    executor_instance_id: str | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(default=None, max_length=63)
+
+    _aware = field_validator("interrupted_after", "interrupted_before")(_aware_or_none)
+    _nul = field_validator("executor_instance_id")(_no_nul)
+
+
+class LeasesQuery(ListQuery):
+    seen_minutes: int = Field(default=15, ge=1, le=1440,
+                              description="executors seen within this many minutes")
+    at_risk_seconds: int = Field(default=10, ge=1, le=3600,
+                                 description="a lease with less time left is at risk")
+
+
+class AgentOutcomesQuery(ListQuery, CreatedWindow):
+    agent_id: str | None = Field(default=None, max_length=63)
