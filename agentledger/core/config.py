@@ -51,6 +51,7 @@ class Settings:
     read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
                        replica that ``queries`` read from
     secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
+    metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; 1 serves ``/metrics`` without a token
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -64,6 +65,7 @@ class Settings:
     run_rate_limit: int = 600
     read_database_url: str | None = None
     secure_cookies: bool = False
+    metrics_public: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -78,6 +80,7 @@ class Settings:
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
+            metrics_public=os.environ.get("AGENTLEDGER_METRICS_PUBLIC") == "1",
         )
         return replace(settings, **overrides)
 
