@@ -10,6 +10,7 @@ comparison uses the database clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -33,17 +34,41 @@ class LedgerFigures:
         return 0.0 if oldest is None else max(0.0, (self.leases.now - oldest).total_seconds())
 
 
-def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS) -> LedgerFigures:
+def interrupted_by_reason(session: Session, *, finished_from: datetime | None = None,
+                          finished_before: datetime | None = None) -> dict[str, int]:
+    """Interrupted runs by reason, for those that ended in ``[finished_from, finished_before)``
+    (a range on the ``(status, finished_at)`` index; the whole history when both are None)."""
+    conditions = [AgentRun.status == "interrupted"]
+    if finished_from is not None:
+        conditions.append(AgentRun.finished_at >= finished_from)
+    if finished_before is not None:
+        conditions.append(AgentRun.finished_at < finished_before)
+    reasons = dict.fromkeys(INTERRUPT_REASONS, 0)
+    for reason, count in session.execute(
+        select(AgentRun.end_reason, func.count()).where(*conditions).group_by(AgentRun.end_reason)
+    ).all():
+        if reason is not None:
+            reasons[reason] = reasons.get(reason, 0) + int(count)
+    return reasons
+
+
+def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS,
+                   interrupted: dict[str, int] | None = None) -> LedgerFigures:
+    """``interrupted`` (by reason) when the caller keeps a running count; else counted here."""
     leases = lease_counts(session, at_risk_seconds=at_risk_seconds)
-    unfinished = AgentRun.status.in_(NON_TERMINAL)
     by_status = dict.fromkeys(NON_TERMINAL, 0)
-    for status, count in session.execute(
-        select(AgentRun.status, func.count()).where(unfinished).group_by(AgentRun.status)
+    oldest_queued = None
+    # Grouped, so the planner reads the partial index on unfinished runs; a bare
+    # min(created_at) WHERE status = 'queued' walks the created_at index instead, through
+    # every run when nothing is queued.
+    for status, count, oldest in session.execute(
+        select(AgentRun.status, func.count(), func.min(AgentRun.created_at))
+        .where(AgentRun.status.in_(NON_TERMINAL))
+        .group_by(AgentRun.status)
     ).all():
         by_status[status] = int(count)
-    oldest_queued = session.execute(
-        select(func.min(AgentRun.created_at)).where(AgentRun.status == "queued")
-    ).scalar_one()
+        if status == "queued":
+            oldest_queued = oldest
     finished = {
         (agent_id, status): int(runs)
         for agent_id, status, runs in session.execute(
@@ -53,13 +78,6 @@ def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_S
             .order_by(AgentOutcomeRollup.agent_id, AgentOutcomeRollup.status)
         ).all()
     }
-    reasons = dict.fromkeys(INTERRUPT_REASONS, 0)
-    for reason, count in session.execute(
-        select(AgentRun.end_reason, func.count())
-        .where(AgentRun.status == "interrupted")
-        .group_by(AgentRun.end_reason)
-    ).all():
-        if reason is not None:
-            reasons[reason] = reasons.get(reason, 0) + int(count)
+    reasons = interrupted if interrupted is not None else interrupted_by_reason(session)
     wait = 0.0 if oldest_queued is None else max(0.0, (leases.now - oldest_queued).total_seconds())
     return LedgerFigures(by_status, finished, round(wait, 3), leases, reasons)
