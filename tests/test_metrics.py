@@ -320,3 +320,24 @@ def test_two_workers_add_up_their_request_histograms(pg_url, tmp_path):
     finally:
         server.stop()
     assert os.path.isdir(metrics_dir)
+
+
+def test_interruptions_are_counted_once_then_only_since(db, ledger):
+    from agentledger.core.read_sql import database_now
+    from agentledger.web.metrics import InterruptionCount
+    from queries.metrics import interrupted_by_reason
+
+    count = InterruptionCount()
+    with db.read() as s:
+        now = database_now(s)
+        assert count.read(s, now)["service_restart"] == 1  # ended 9 minutes ago: settled
+    chat = h.chat(db, owner="alice", agent_id="planner")
+    run = h.ask(db, chat, "q", owner="alice", when=datetime.now(UTC))
+    h.start(db, run.run_id, datetime.now(UTC), "w-crashed")
+    h.executor_gone(db, "w-crashed", datetime.now(UTC), "service_restart")
+    with db.read() as s:
+        now = database_now(s)
+        assert count.read(s, now)["service_restart"] == 2  # ended just now: counted since
+        later = count.read(s, now + timedelta(hours=1))  # the settled moment moves past both
+        assert later == count.read(s, now + timedelta(hours=1)) == interrupted_by_reason(s)
+        assert later["service_restart"] == 2 and later["lease_expired"] == 0
