@@ -171,6 +171,9 @@ WindowKey = Literal["1h", "6h", "24h", "7d", "14d", "30d", "90d", "all"]
 def _aware_or_none(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         raise ValueError("must include a UTC offset, e.g. 2026-01-31T12:00:00Z")
+    # Window arithmetic (day and hour edges) must stay inside what a datetime can hold.
+    if value is not None and not 1900 <= value.year <= 9000:
+        raise ValueError("must be a year between 1900 and 9000")
     return value
 
 
