@@ -45,9 +45,11 @@ def create_app(
     from agentledger.api import blueprint
     from agentledger.web.error_envelope import register_error_handlers
     from agentledger.web.login import web_auth
+    from agentledger.web.metrics import install_metrics
 
     app.register_blueprint(blueprint)
     app.register_blueprint(web_auth)
+    install_metrics(app)
     register_error_handlers(app)
     from agentledger.web.request_limits import refuse_oversized
 

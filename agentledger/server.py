@@ -122,6 +122,7 @@ class _Gunicorn(BaseApplication):
         self.cfg.set("pre_fork", self._pre_fork)
         self.cfg.set("post_worker_init", self._post_worker_init)
         self.cfg.set("worker_exit", self._worker_exit)
+        self.cfg.set("child_exit", self._child_exit)
 
     def load(self):
         from agentledger.app_factory import create_app
@@ -153,12 +154,41 @@ class _Gunicorn(BaseApplication):
             reconciler.start()
         worker.agentledger_background = (executor, reconciler)
 
+    # Runs in the master when a worker has exited: its open-stream gauge no longer counts.
+    def _child_exit(self, server, worker) -> None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
     def _worker_exit(self, server, worker) -> None:
         executor, reconciler = getattr(worker, "agentledger_background", (None, None))
         if reconciler is not None:
             reconciler.stop()
         if executor is not None:
             executor.stop(reason="executor_shutdown")
+
+
+def _prepare_metrics_dir() -> None:
+    """Per-process metrics of every gunicorn worker, merged at each scrape (``/metrics``).
+
+    prometheus_client picks file-backed values when it is first imported with
+    ``PROMETHEUS_MULTIPROC_DIR`` set, so the variable is set here, in the master, before any
+    worker is forked or imports it; the directory starts empty so no dead process's samples
+    from an earlier run are counted.
+    """
+    import os
+    import tempfile
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="agentledger-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    if "prometheus_client" in sys.modules:
+        # Imported before serve() (by an embedding program): its metrics would stay in memory.
+        log.warning("prometheus_client was imported before serve(); per-process metrics may "
+                    "not add up across workers")
+    for name in os.listdir(path):
+        if name.endswith(".db"):
+            os.remove(os.path.join(path, name))
 
 
 def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
@@ -171,6 +201,7 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
         workers = default_workers(settings)
     if workers < 1 or threads < 1:
         raise SystemExit("--workers and --threads must be at least 1")
+    _prepare_metrics_dir()
     upgrade(settings.database_url)
     from agentledger.agent_kinds.storage import setup_framework_storage
 

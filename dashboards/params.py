@@ -11,17 +11,13 @@ import re
 from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
-from queries.common import TimeWindow
+from queries.common import WINDOW_SPANS, TimeWindow
 
+_LABELS = {"1h": "Last hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days",
+           "14d": "Last 14 days", "30d": "Last 30 days", "90d": "Last 90 days", "all": "All time"}
+# The presets are the read side's (the JSON twins accept the same keys), plus custom dates.
 WINDOW_CHOICES: dict[str, tuple[str, timedelta | None]] = {
-    "1h": ("Last hour", timedelta(hours=1)),
-    "6h": ("Last 6 hours", timedelta(hours=6)),
-    "24h": ("Last 24 hours", timedelta(hours=24)),
-    "7d": ("Last 7 days", timedelta(days=7)),
-    "14d": ("Last 14 days", timedelta(days=14)),
-    "30d": ("Last 30 days", timedelta(days=30)),
-    "90d": ("Last 90 days", timedelta(days=90)),
-    "all": ("All time", None),
+    **{key: (_LABELS[key], span) for key, span in WINDOW_SPANS.items()},
     "custom": ("Custom dates…", None),
 }
 DEFAULT_WINDOW = "7d"

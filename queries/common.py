@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import literal, tuple_
@@ -118,6 +118,25 @@ class TimeWindow:
         if self.end is not None:
             found.append(column < self.end)
         return found
+
+
+# The preset windows of the dashboards and their JSON twins: a span ending now (None: all time).
+WINDOW_SPANS: dict[str, timedelta | None] = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "14d": timedelta(days=14),
+    "30d": timedelta(days=30),
+    "90d": timedelta(days=90),
+    "all": None,
+}
+
+
+def preset_window(key: str, now: datetime) -> TimeWindow:
+    """The window a preset names, ending now."""
+    span = WINDOW_SPANS[key]
+    return TimeWindow(now - span, None) if span is not None else TimeWindow()
 
 
 def clamp_limit(limit: int, maximum: int = MAX_LIMIT) -> int:

@@ -19,7 +19,14 @@ from sqlalchemy.orm import Session
 from agentledger.core import read_sql as _dialect
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
-from queries.common import clamp_limit, iso
+from queries.common import (
+    after_cursor,
+    clamp_limit,
+    decode_cursor,
+    encode_cursor,
+    iso,
+    parse_time,
+)
 
 DEFAULT_SEEN_MINUTES = 15
 DEFAULT_AT_RISK_SECONDS = 10
@@ -43,6 +50,7 @@ class LeaseHealth:
     at_risk: int
     expired_unreconciled: int
     oldest_expired_lease_at: datetime | None
+    next_cursor: str | None = None  # the leases after this page, soonest to expire first
 
     @property
     def reconcile_lag_seconds(self) -> float:
@@ -81,17 +89,20 @@ def _summary(session: Session, now: datetime, risk_until: datetime):
     ).one()
 
 
-def _leases(session: Session, now: datetime, risk_until: datetime, limit: int):
-    rows = session.execute(
-        select(
+def _leases(session: Session, now: datetime, risk_until: datetime, limit: int,
+            cursor: str | None = None):
+    stmt = select(
             AgentRun.id, AgentRun.root_run_id, AgentRun.agent_id, AgentRun.agent_version,
             AgentRun.status, AgentRun.executor_instance_id, AgentRun.lease_expires_at,
             AgentRun.last_heartbeat_at, AgentRun.started_at,
             AgentRun.agent_execution_snapshot["name"].as_string().label("agent_name"),
-        )
-        .where(AgentRun.status.in_(ACTIVE))
-        .order_by(AgentRun.lease_expires_at, AgentRun.id)
-        .limit(limit + 1)
+    ).where(AgentRun.status.in_(ACTIVE))
+    if cursor:
+        moment, last_id = decode_cursor(cursor, 2)
+        stmt = stmt.where(after_cursor(AgentRun.lease_expires_at, AgentRun.id, parse_time(moment),
+                                       last_id, descending=False))
+    rows = session.execute(
+        stmt.order_by(AgentRun.lease_expires_at, AgentRun.id).limit(limit + 1)
     ).all()
     leases = []
     for r in rows[:limit]:
@@ -111,7 +122,12 @@ def _leases(session: Session, now: datetime, risk_until: datetime, limit: int):
             "expired": left is not None and r.lease_expires_at < now,
             "at_risk": left is not None and now <= r.lease_expires_at <= risk_until,
         })
-    return leases, len(rows) > limit
+    more = len(rows) > limit
+    last = rows[limit - 1] if more else None
+    # An active run always holds a lease; a missing one would end the paging, never repeat it.
+    next_cursor = (encode_cursor(last.lease_expires_at, last.id)
+                   if last is not None and last.lease_expires_at is not None else None)
+    return leases, more, next_cursor
 
 
 def _executors(session: Session, now: datetime, since: datetime) -> list[dict[str, Any]]:
@@ -163,6 +179,7 @@ def lease_health(
     seen_within_minutes: int = DEFAULT_SEEN_MINUTES,
     at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS,
     limit: int = DEFAULT_LEASE_LIMIT,
+    cursor: str | None = None,
 ) -> LeaseHealth:
     """The whole picture in one read transaction (one consistent instant on PostgreSQL)."""
     limit = clamp_limit(limit, MAX_LEASE_LIMIT)
@@ -170,7 +187,7 @@ def lease_health(
     risk_until = now + timedelta(seconds=at_risk_seconds)
     since = now - timedelta(minutes=seen_within_minutes)
     summary = _summary(session, now, risk_until)
-    leases, truncated = _leases(session, now, risk_until, limit)
+    leases, truncated, next_cursor = _leases(session, now, risk_until, limit, cursor)
     return LeaseHealth(
         now=now,
         seen_within_minutes=seen_within_minutes,
@@ -183,4 +200,24 @@ def lease_health(
         at_risk=int(summary.at_risk),
         expired_unreconciled=int(summary.expired),
         oldest_expired_lease_at=summary.oldest_expired,
+        next_cursor=next_cursor,
     )
+
+
+@dataclass(frozen=True)
+class LeaseCounts:
+    """The lease figures alone (what ``/metrics`` exports), from the same summary read."""
+
+    now: datetime
+    queued: int
+    live_leases: int
+    at_risk: int
+    expired_unreconciled: int
+    oldest_expired_lease_at: datetime | None
+
+
+def lease_counts(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS) -> LeaseCounts:
+    now = _dialect.database_now(session)
+    summary = _summary(session, now, now + timedelta(seconds=at_risk_seconds))
+    return LeaseCounts(now, int(summary.queued), int(summary.live), int(summary.at_risk),
+                       int(summary.expired), summary.oldest_expired)

@@ -3,7 +3,8 @@
 One row per run created in the window: its phases are *queued* (created → started, or → finished
 when it never started, or → now while it waits) and *running* (started → finished, or → now while
 it is active), then its terminal status. At most ``limit`` runs, the most recent ones, returned
-oldest first; ``total`` says how many matched.
+oldest first; ``total`` says how many matched. ``cursor`` continues with the runs created
+before the oldest of the previous page (``next_cursor``), so a long window can be read in pages.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from sqlalchemy.orm import Session
 
 from agentledger.core import read_sql as _dialect
 from agentledger.core.schema import AgentRun
-from queries.common import TimeWindow, clamp_limit, iso
+from queries.common import (
+    TimeWindow,
+    after_cursor,
+    clamp_limit,
+    decode_cursor,
+    encode_cursor,
+    iso,
+    parse_time,
+)
 
 DEFAULT_TIMELINE_LIMIT = 300
 MAX_TIMELINE_LIMIT = 2000
@@ -37,6 +46,7 @@ class Timeline:
     now: datetime
     rows: list[dict[str, Any]]
     total: int
+    next_cursor: str | None = None
 
     @property
     def truncated(self) -> bool:
@@ -77,6 +87,7 @@ def status_timeline(
     filters: TimelineFilters = TimelineFilters(),
     *,
     limit: int = DEFAULT_TIMELINE_LIMIT,
+    cursor: str | None = None,
 ) -> Timeline:
     limit = clamp_limit(limit, MAX_TIMELINE_LIMIT)
     conditions = window.conditions(AgentRun.created_at)
@@ -92,15 +103,20 @@ def status_timeline(
         conditions.append(AgentRun.parent_run_id.is_(None))
     now = _dialect.database_now(session)
     total = session.execute(select(func.count()).select_from(AgentRun).where(*conditions)).scalar_one()
-    rows = session.execute(
-        select(
+    stmt = select(
             AgentRun.id, AgentRun.root_run_id, AgentRun.parent_run_id, AgentRun.agent_id,
             AgentRun.agent_version, AgentRun.owner_id, AgentRun.status, AgentRun.created_at,
             AgentRun.started_at, AgentRun.finished_at,
             AgentRun.agent_execution_snapshot["name"].as_string().label("agent_name"),
-        )
-        .where(*conditions)
-        .order_by(AgentRun.created_at.desc(), AgentRun.id.desc())
-        .limit(limit)
+    ).where(*conditions)
+    if cursor:
+        moment, last_id = decode_cursor(cursor, 2)
+        stmt = stmt.where(after_cursor(AgentRun.created_at, AgentRun.id, parse_time(moment), last_id))
+    rows = session.execute(
+        stmt.order_by(AgentRun.created_at.desc(), AgentRun.id.desc()).limit(limit + 1)
     ).all()
-    return Timeline(now=now, rows=[_row(r, now) for r in reversed(rows)], total=total)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    return Timeline(now=now, rows=[_row(r, now) for r in reversed(rows)], total=total,
+                    next_cursor=next_cursor)

@@ -549,7 +549,7 @@ class ServerProcess:
     """``agentledger serve --no-worker`` on a free port, in its own process group."""
 
     def __init__(self, database_url: str, workdir: Path, *, env: Mapping[str, str] | None = None,
-                 startup_timeout: float = 60):
+                 startup_timeout: float = 60, args: tuple[str, ...] = ()):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / f"server-{self.port}.log"
@@ -563,7 +563,7 @@ class ServerProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [*_agentledger_command(), "serve", "--no-worker", "--host", "127.0.0.1",
-             "--port", str(self.port)],
+             "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=environment, cwd=workdir,
             start_new_session=True,
         )

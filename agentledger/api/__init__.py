@@ -16,6 +16,7 @@ def load_routes() -> None:
     from agentledger.api import (  # noqa: F401
         routes_admin,
         routes_agents,
+        routes_dashboards,
         routes_executor,
         routes_meta,
         routes_otlp,

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
-from agentledger.core.vocabulary import RunStatus
+from agentledger.core.vocabulary import InterruptReason, RunStatus
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_CONTENT = 32_000
@@ -154,3 +154,67 @@ class CreateChildBody(Strict):
     executor_instance_id: StorableText = Field(min_length=1, max_length=200)
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
     input: StorableText = Field(min_length=1, max_length=MAX_CONTENT)
+
+
+# ---- the JSON twins of the dashboards (CONTRACT §9) ---------------------------------------
+
+WindowKey = Literal["1h", "6h", "24h", "7d", "14d", "30d", "90d", "all"]
+
+
+def _window_year(value: datetime) -> datetime:
+    # Window arithmetic (day and hour edges) must stay inside what a datetime can hold.
+    if not 1900 <= value.year <= 9000:
+        raise ValueError("must be a year between 1900 and 9000")
+    return value
+
+
+# A twin's time bound: strict ISO 8601 with an offset, in a year window arithmetic can hold.
+WindowDateTime = Annotated[IsoDateTime, AfterValidator(_window_year)]
+
+
+class CreatedWindow(Strict):
+    """A preset ``window`` ending now (each twin defaults to its page's), or explicit bounds:
+    ``created_after``/``created_before`` replace the preset when either is given."""
+
+    model_config = ConfigDict(extra="ignore")
+    window: WindowKey | None = None
+    created_after: WindowDateTime | None = None
+    created_before: WindowDateTime | None = None
+
+
+class OverviewQuery(CreatedWindow):
+    pass
+
+
+class MessageSearchQuery(ListQuery, CreatedWindow):
+    q: StorableText | None = Field(default=None, max_length=200,
+                                   description="case-insensitive substring")
+    session_id: str | None = Field(default=None, max_length=40)
+    owner_id: StorableText | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(default=None, max_length=63)
+
+
+class TimelineQuery(ListQuery, CreatedWindow):
+    status: RunStatus | None = None
+    agent_id: str | None = Field(default=None, max_length=63)
+    roots_only: bool = False
+
+
+class InterruptedQuery(ListQuery):
+    window: WindowKey | None = None
+    interrupted_after: WindowDateTime | None = None
+    interrupted_before: WindowDateTime | None = None
+    reason: InterruptReason | None = None
+    executor_instance_id: StorableText | None = Field(default=None, max_length=200)
+    agent_id: str | None = Field(default=None, max_length=63)
+
+
+class LeasesQuery(ListQuery):
+    seen_minutes: int = Field(default=15, ge=1, le=1440,
+                              description="executors seen within this many minutes")
+    at_risk_seconds: int = Field(default=10, ge=1, le=3600,
+                                 description="a lease with less time left is at risk")
+
+
+class AgentOutcomesQuery(ListQuery, CreatedWindow):
+    agent_id: str | None = Field(default=None, max_length=63)

@@ -252,3 +252,123 @@ class OtlpExportResponse(BaseModel):
     as ``application/x-protobuf``."""
 
     partialSuccess: OtlpPartialSuccess | None = None  # noqa: N815
+
+
+# ---- the JSON twins of the dashboards -------------------------------------------------------
+
+
+class WindowOut(BaseModel):
+    start: str | None
+    end: str | None
+
+
+class OverviewOut(Open):
+    now: str
+    window: WindowOut
+    bucket_seconds: int
+    status_buckets: list[dict[str, Any]]
+    buckets_truncated: bool
+    totals: dict[str, int]
+    unfinished_runs: list[dict[str, Any]]
+    unfinished_truncated: bool
+    recent_interruptions: list[dict[str, Any]]
+    leases: dict[str, Any]
+
+
+class MessageHit(Open):
+    id: str
+    content_preview: str
+    content_truncated: bool
+    created_at: str
+    session_id: str | None
+    owner_id: str
+    run_id: str
+    run_status: RunStatus
+    agent_id: str
+    agent_name: str | None
+    agent_version: int | None
+
+
+class MessageSearchList(BaseModel):
+    items: list[MessageHit]
+    next_cursor: str | None
+
+
+class TimelineRow(Open):
+    run_id: str
+    status: RunStatus
+    created_at: str
+    queued_seconds: float | None
+    running_seconds: float | None
+
+
+class TimelineList(Open):
+    items: list[TimelineRow]
+    next_cursor: str | None
+    total: int
+    now: str
+    window: WindowOut
+
+
+class InterruptedRow(Open):
+    run_id: str
+    reason: str | None
+    interrupted_at: str | None
+
+
+class InterruptionTrendOut(BaseModel):
+    bucket_seconds: int
+    rows: list[dict[str, Any]]
+    by_reason: dict[str, int]
+    truncated: bool
+
+
+class InterruptedList(Open):
+    items: list[InterruptedRow]
+    next_cursor: str | None
+    trend: InterruptionTrendOut
+    window: WindowOut
+
+
+class LeaseRow(Open):
+    run_id: str
+    status: RunStatus
+    executor_instance_id: str | None
+    lease_expires_at: str | None
+    seconds_left: float | None
+    expired: bool
+    at_risk: bool
+
+
+class LeaseHealthOut(Open):
+    items: list[LeaseRow]
+    next_cursor: str | None
+    now: str
+    executors: list[dict[str, Any]]
+    queued: int
+    live_leases: int
+    at_risk: int
+    expired_unreconciled: int
+    reconcile_lag_seconds: float
+
+
+class OutcomeRow(Open):
+    agent_id: str
+    version: int | None
+    name: str | None
+    runs: int
+    by_status: dict[str, int]
+    latency_p50: float | None
+    latency_p95: float | None
+    latency_p99: float | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+class AgentOutcomesList(Open):
+    items: list[OutcomeRow]
+    next_cursor: str | None
+    groups_truncated: bool
+    percentiles_truncated: bool
+    window: WindowOut

@@ -15,6 +15,7 @@ from flask import Response, request, stream_with_context
 from agentledger.api.request_scope import owner_scope, read_one, state
 from agentledger.api.requests import MAX_INT32
 from agentledger.core.errors import InvalidRequest, NotFound
+from agentledger.web.metrics import STREAMS_OPEN
 from queries.run_events import events_page, run_head
 
 PAGE = 500
@@ -62,9 +63,10 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
     def generate():
         last = start
         notifier.subscribe(key)
-        yield f"retry: {RETRY_MS}\n\n"
-        last_write = time.monotonic()
+        STREAMS_OPEN.inc()
         try:
+            yield f"retry: {RETRY_MS}\n\n"
+            last_write = time.monotonic()
             while True:
                 seen = notifier.generation(key)
                 with app_state.db.read_latest() as s:
@@ -86,6 +88,7 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
                     remaining = keepalive
                 notifier.wait(key, seen, remaining)
         finally:
+            STREAMS_OPEN.dec()
             notifier.unsubscribe(key)
 
     response = Response(stream_with_context(generate()), mimetype="text/event-stream")

@@ -55,6 +55,7 @@ class Settings:
                        (email, phone, card, secret, re:<pattern>) applied before storing
     otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
                        parent never arrived is written as a root run after this quiet period
+    metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; 1 serves ``/metrics`` without a token
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -70,6 +71,7 @@ class Settings:
     secure_cookies: bool = False
     redact: str = ""
     otlp_quiet_seconds: float = 60.0
+    metrics_public: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -86,6 +88,7 @@ class Settings:
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
+            metrics_public=os.environ.get("AGENTLEDGER_METRICS_PUBLIC") == "1",
         )
         settings = replace(settings, **overrides)
         settings.check()

@@ -20,6 +20,8 @@ from agentledger.web.error_envelope import error_response
 from agentledger.web.principal import current_principal
 
 _OPEN_PATHS = ("/login", "/logout")
+# Paths whose view checks access itself (``/metrics``: a bearer token, or none when public).
+_OWN_ACCESS_PATHS = ("/metrics",)
 
 _FORBIDDEN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>agentledger: forbidden</title><style>body{{font-family:system-ui,sans-serif;max-width:34rem;
@@ -83,7 +85,7 @@ def guard() -> Response | None:
     path = request.path
     if _is_api(path):
         return _api_routing()
-    if path in _OPEN_PATHS:
+    if path in _OPEN_PATHS or path in _OWN_ACCESS_PATHS:
         return None
     principal = current_principal()
     if principal is None:

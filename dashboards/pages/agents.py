@@ -67,7 +67,7 @@ def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_)
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Agents", "How each agent and each of its versions turned out, for runs "
                        "created in the window. A run counts under the version frozen in its "
-                       "snapshot."),
+                       "snapshot.", twin="/api/agent-outcomes"),
         dbc.Row([
             dbc.Col(ui.labelled("Created", ui.window_picker(P, key, since, until)), md=4),
         ], className="g-2 mb-3"),

@@ -42,7 +42,7 @@ def layout(reason=None, executor=None, agent=None, window=None, since=None, unti
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Interrupted runs", "Runs that ended without their executor finishing them, "
-                       "and why. The reconciler never re-runs the model: a retry is a new run."),
+                       "and why. The reconciler never re-runs the model: a retry is a new run.", twin="/api/interrupted-runs"),
         dbc.Row([
             dbc.Col(ui.labelled("Reason", dbc.Select(
                 id=f"{P}-reason", value=params.choice(reason, REASONS, ui.ANY),

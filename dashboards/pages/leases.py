@@ -41,7 +41,7 @@ def layout(seen=None, risk=None, **_):
         dcc.Interval(id=f"{P}-tick", interval=REFRESH_MS),
         ui.page_header("Lease health", f"Refreshed every {REFRESH_MS // 1000} s from the database "
                        "clock. A lease only says an executor is alive; when one expires the "
-                       "reconciler ends the run interrupted."),
+                       "reconciler ends the run interrupted.", twin="/api/leases"),
         dbc.Row([
             dbc.Col(ui.labelled("Executors seen in the last (minutes)", dbc.Input(
                 id=f"{P}-seen", type="number", min=1, max=1440, debounce=True,

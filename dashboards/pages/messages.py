@@ -31,7 +31,7 @@ def layout(q=None, session=None, owner=None, agent=None, window=None, since=None
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Messages", "Find an answer, then open its provenance: which run, agent "
-                       "version and context produced it."),
+                       "version and context produced it.", twin="/api/messages"),
         dbc.Row([
             dbc.Col(ui.labelled("Text", dbc.Input(id=f"{P}-q", value=params.text(q), debounce=True,
                                                    placeholder="words in the answer", type="search")),

@@ -18,7 +18,7 @@ def layout(window: str | None = None, since: str | None = None, until: str | Non
     key = params.window_key(window)
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
-        ui.page_header("Overview", "What the ledger recorded in the window, and what runs now."),
+        ui.page_header("Overview", "What the ledger recorded in the window, and what runs now.", twin="/api/overview"),
         ui.window_picker(P, key, since, until),
         html.Div(className="mb-3"),
         ui.loading(html.Div([

@@ -26,7 +26,7 @@ def layout(status=None, agent=None, roots=None, limit=None, align=None, window=N
         dcc.Location(id=f"{P}-url", refresh=False),
         dcc.Location(id=f"{P}-nav", refresh="callback-nav"),
         ui.page_header("Status timeline", "Queued (grey), then running, coloured by how each run "
-                       "ended. Click a bar to open its run tree."),
+                       "ended. Click a bar to open its run tree.", twin="/api/timeline"),
         dbc.Row([
             dbc.Col(ui.labelled("Status", dbc.Select(id=f"{P}-status",
                                                      options=ui.STATUS_FILTER_OPTIONS,

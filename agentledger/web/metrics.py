@@ -1,0 +1,197 @@
+"""``GET /metrics``: Prometheus text exposition (CONTRACT §9).
+
+Two kinds of figures:
+
+- the ledger's, read from the database at scrape time (``queries.metrics``), so every server of a
+  deployment answers for all of it and nothing is lost when a process restarts;
+- this server's own, kept per process: ``agentledger_http_request_duration_seconds`` (a
+  histogram labelled with the URL rule, never the raw path, so ids do not explode the label
+  set) and ``agentledger_event_streams_open``.
+
+Under ``agentledger serve`` several gunicorn processes answer the same port, so a scrape must add
+up every process's figures, not report whichever process it reached: ``serve`` sets
+``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory) before any worker imports prometheus_client,
+each process writes its samples to files there, and a scrape merges them with
+``MultiProcessCollector``. Without the variable (tests, embedded use) the figures of this one
+process are exported directly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime, timedelta
+
+from flask import Blueprint, Flask, Response, current_app, g, request
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agentledger.core.errors import Forbidden
+from agentledger.core.read_sql import database_now
+from agentledger.core.vocabulary import DASHBOARD_ROLES, INTERRUPT_REASONS
+from agentledger.web.app_state import state
+from agentledger.web.principal import authenticate
+from queries.metrics import interrupted_by_reason, ledger_figures
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The classic text format (0.0.4), which every Prometheus release scrapes; ``generate_latest``
+# writes exactly that.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# ``*_created`` series add a sample per label set that no rule of ours reads.
+disable_created_metrics()
+
+# Per-process metrics: created once per process, registered in no global registry (each scrape
+# builds its own), so any number of apps in one process share them without clashing.
+HTTP_DURATION = Histogram(
+    "agentledger_http_request_duration_seconds",
+    "Time to produce each HTTP response (streams: until the response starts)",
+    ["route", "method", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=None,
+)
+STREAMS_OPEN = Gauge(
+    "agentledger_event_streams_open",
+    "Server-Sent-Events streams open now",
+    registry=None,
+    multiprocess_mode="livesum",
+)
+
+metrics_blueprint = Blueprint("metrics", __name__)
+
+
+class LedgerCollector:
+    """The ledger's figures, read through ``queries.metrics`` when collected."""
+
+    def __init__(self, figures):
+        self.figures = figures
+
+    def collect(self):
+        f = self.figures
+        runs = GaugeMetricFamily("agentledger_runs", "Runs not finished now, by status",
+                                 labels=["status"])
+        for status, count in f.runs_by_status.items():
+            runs.add_metric([status], count)
+        yield runs
+        finished = CounterMetricFamily("agentledger_runs_finished",
+                                       "Runs that ended, by agent and terminal status",
+                                       labels=["agent_id", "status"])
+        for (agent_id, status), count in f.finished.items():
+            finished.add_metric([agent_id, status], count)
+        yield finished
+        yield GaugeMetricFamily("agentledger_run_queue_oldest_seconds",
+                                "How long the oldest queued run has waited (0: none waits)",
+                                value=f.queue_oldest_seconds)
+        yield GaugeMetricFamily("agentledger_leases_live", "Running runs whose lease has not ended",
+                                value=f.leases.live_leases)
+        yield GaugeMetricFamily("agentledger_leases_at_risk",
+                                "Live leases ending within the at-risk margin (10 s)",
+                                value=f.leases.at_risk)
+        yield GaugeMetricFamily("agentledger_leases_expired_unreconciled",
+                                "Runs still active although their lease has ended",
+                                value=f.leases.expired_unreconciled)
+        yield GaugeMetricFamily("agentledger_reconcile_lag_seconds",
+                                "Now minus the oldest expired lease not yet reconciled (0: none)",
+                                value=f.reconcile_lag_seconds)
+        interrupted = CounterMetricFamily("agentledger_runs_interrupted",
+                                          "Runs that ended interrupted, by reason",
+                                          labels=["reason"])
+        for reason, count in f.interrupted_by_reason.items():
+            interrupted.add_metric([reason], count)
+        yield interrupted
+
+
+# A run's end is committed within this long of its ``finished_at`` (a transaction's clock is
+# read at its start): runs that ended before ``now - SETTLE`` can no longer appear.
+SETTLE = timedelta(minutes=5)
+
+
+class InterruptionCount:
+    """``agentledger_runs_interrupted_total`` without recounting history at every scrape.
+
+    Counting every interrupted run by reason reads one heap row per run (there is no index on
+    the reason). So the runs that ended before a settled moment are counted once (the first
+    scrape of a process) and kept; each scrape then counts only the runs that ended since then,
+    a short range on the ``(status, finished_at)`` index, and moves the settled moment forward.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: datetime | None = None
+        self._settled: dict[str, int] = {}
+
+    def read(self, session, now: datetime) -> dict[str, int]:
+        target = now - SETTLE
+        with self._lock:
+            if self._until is None:
+                self._settled = interrupted_by_reason(session, finished_before=target)
+                self._until = target
+            elif target - self._until >= timedelta(minutes=1):
+                more = interrupted_by_reason(session, finished_from=self._until,
+                                             finished_before=target)
+                self._settled = {r: self._settled.get(r, 0) + more.get(r, 0)
+                                 for r in {*self._settled, *more}}
+                self._until = target
+            recent = interrupted_by_reason(session, finished_from=self._until)
+            settled = self._settled
+        reasons = (*INTERRUPT_REASONS, *sorted({*settled, *recent} - set(INTERRUPT_REASONS)))
+        return {r: settled.get(r, 0) + recent.get(r, 0) for r in reasons}
+
+
+def _interruption_count() -> InterruptionCount:
+    # One per app (a process serves one app; tests build many, each on its own database).
+    return current_app.extensions.setdefault("agentledger_interruptions", InterruptionCount())
+
+
+def metrics_public() -> bool:
+    return state().settings.metrics_public
+
+
+def exposition() -> bytes:
+    """The whole text exposition: the ledger's figures and every process's own."""
+    with state().db.read() as s:
+        interrupted = _interruption_count().read(s, database_now(s))
+        figures = ledger_figures(s, interrupted=interrupted)
+    registry = CollectorRegistry(auto_describe=False)
+    if os.environ.get(MULTIPROC_ENV):
+        prometheus_multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(HTTP_DURATION)
+        registry.register(STREAMS_OPEN)
+    registry.register(LedgerCollector(figures))
+    return generate_latest(registry)
+
+
+@metrics_blueprint.get("/metrics")
+def metrics_view():
+    if not metrics_public():
+        principal = authenticate()
+        if principal.role not in DASHBOARD_ROLES:
+            raise Forbidden(f"the {principal.role} role may not read /metrics")
+    return Response(exposition(), mimetype=None, content_type=CONTENT_TYPE)
+
+
+def _started() -> None:
+    g.agentledger_request_started = time.perf_counter()
+
+
+def _observed(response: Response) -> Response:
+    started = g.pop("agentledger_request_started", None)
+    if started is not None:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        HTTP_DURATION.labels(rule, request.method, str(response.status_code)).observe(
+            time.perf_counter() - started)
+    return response
+
+
+def install_metrics(app: Flask) -> None:
+    app.register_blueprint(metrics_blueprint)
+    app.before_request(_started)
+    app.after_request(_observed)
