@@ -363,12 +363,12 @@ class OutcomeRow(Open):
     latency_p99: float | None
     input_tokens: int
     output_tokens: int
-    cost_usd: float
+    cost_usd: float | None  # null when no run of the group had a price
+    runs_without_cost: int
 
 
 class AgentOutcomesList(Open):
     items: list[OutcomeRow]
     next_cursor: str | None
     groups_truncated: bool
-    percentiles_truncated: bool
     window: WindowOut

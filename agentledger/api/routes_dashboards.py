@@ -172,14 +172,9 @@ def agent_outcomes_twin(query: AgentOutcomesQuery):
         items = [i for i in items if _outcome_key(i) > after]
     more = len(items) > query.limit
     items = items[:query.limit]
-    groups_truncated = getattr(found, "groups_truncated", None)
-    if groups_truncated is None:
-        # The query does not report it itself: its rollup read stops at MAX_GROUPS groups.
-        groups_truncated = len(found.versions) >= getattr(outcomes_module, "MAX_GROUPS", 2000)
     return jsonify({
         "items": items,
         "next_cursor": encode_cursor(*map(str, _outcome_key(items[-1]))) if more else None,
-        "groups_truncated": bool(groups_truncated),
-        "percentiles_truncated": found.percentiles_truncated,
+        "groups_truncated": found.groups_truncated,
         "window": _window_out(window),
     })
