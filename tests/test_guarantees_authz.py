@@ -205,7 +205,7 @@ def test_api_matrix_matches_the_documented_table(world):
 
 EXECUTOR_OPERATIONS = {
     ("GET", "/api/agent-runs/{run_id}"), ("GET", "/api/agent-runs/{run_id}/events"),
-    ("GET", "/api/agents"), ("GET", "/api/agents/{agent_id}"),
+    ("POST", "/api/otel/v1/traces"),  # executors may record runs from traces (CONTRACT §8)
     ("POST", "/api/executor/claim"), ("POST", "/api/executor/runs/{run_id}/heartbeat"),
     ("POST", "/api/executor/runs/{run_id}/events"), ("POST", "/api/executor/runs/{run_id}/children"),
 }

@@ -6,6 +6,7 @@ from flask import jsonify
 
 from agentledger.agent_kinds import validate_definition
 from agentledger.api import api
+from agentledger.api.operations import READERS
 from agentledger.api.request_scope import actor, state
 from agentledger.api.requests import AgentBody, AgentVersionBody, ListQuery
 from agentledger.api.responses import AgentList, AgentOut
@@ -53,7 +54,7 @@ def put_agent(agent_id: str, body: AgentVersionBody, raw_body):
 
 
 @api.route("/agents", "GET", summary="List agents", query=ListQuery,
-           roles=("user", "viewer", "executor", "admin"), responses={200: AgentList}, tag="agents")
+           roles=READERS, responses={200: AgentList}, tag="agents")
 def agents_index(query: ListQuery):
     with state().db.read() as s:
         page = list_agents(s, limit=query.limit, cursor=query.cursor)
@@ -61,7 +62,7 @@ def agents_index(query: ListQuery):
 
 
 @api.route("/agents/<agent_id>", "GET", summary="One agent with all its versions",
-           roles=("user", "viewer", "executor", "admin"), responses={200: AgentOut},
+           roles=READERS, responses={200: AgentOut},
            errors=(404,), tag="agents")
 def agent_detail(agent_id: str):
     agent = _read_agent(agent_id)
