@@ -21,10 +21,10 @@ import subprocess
 import time
 
 import pytest
-from api_helpers import make_tokens
-from factories import make_agent
-from guarantee_helpers import seed_runs, seeded_random, soak
 from sqlalchemy import text
+from support.api import make_tokens
+from support.factories import make_agent
+from support.guarantees import seed_runs, seeded_random, soak
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
@@ -45,7 +45,7 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 
 
 @pytest.fixture(scope="module")
-def fuzz_target(module_db_url):
+def fuzz_target(module_db_url, soak_loop):
     from agentledger.app_factory import create_app
 
     db = Database(module_db_url)
@@ -146,7 +146,7 @@ def tamper(db: Database, sql: str, **params) -> None:
         assert conn.execute(text(sql), params).rowcount >= 1, sql
 
 
-def test_verify_names_exactly_the_tampered_run_and_seq(unguarded, db_url):
+def test_verify_names_exactly_the_tampered_run_and_seq(unguarded, db_url, soak_loop):
     db = unguarded
     rng = seeded_random(f"tamper-{db.dialect}")
     make_agent(db, "echo")
