@@ -275,6 +275,7 @@ class BulkImporter:
             pending.append((event.type, data, at))
         if status not in TERMINAL:
             raise IllegalTransition(f"{where}: an imported history must end in a terminal event")
+        assert finished_at is not None  # set by the terminal event
         child_ids = [c.id for c in run.children]
         if set(child_ids) != set(announced) or len(child_ids) != len(set(child_ids)):
             raise ValidationFailed(f"{where}: its children and its run.child_created events differ")

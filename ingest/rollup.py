@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -120,6 +121,13 @@ def _hour_of(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
+def _row_of(rows: dict[Any, _Row], key: tuple) -> _Row:
+    row = rows.get(key)
+    if row is None:
+        row = rows[key] = _Row()
+    return row
+
+
 class RollupBatch:
     """Ended runs summed in memory per rollup key (a day row and an hour row each), then
     written with one upsert per table."""
@@ -134,10 +142,7 @@ class RollupBatch:
         created = outcome.created_at.astimezone(UTC)
         for rows, period in ((self.days, created.date()), (self.hours, _hour_of(created))):
             key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
-            row = rows.get(key)
-            if row is None:
-                row = rows[key] = _Row()
-            _accumulate(row, outcome)
+            _accumulate(_row_of(rows, key), outcome)
 
     def write(self, session: Session) -> None:
         """One upsert per table (keys sorted: concurrent writers lock in one order)."""

@@ -208,6 +208,7 @@ def _ceil_hour(moment: datetime) -> datetime:
 
 def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
     """A bounded partial day as whole hours plus partial-hour edges."""
+    assert part.start is not None and part.end is not None
     first, last = _ceil_hour(part.start), _floor_hour(part.end)
     if first >= last:
         return [], [part]
@@ -222,16 +223,16 @@ def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], lis
 def _split(window: TimeWindow) -> _Split:
     start, end = window.start, window.end
     first = None if start is None else _midnight(start)
-    if first is not None and first != start.astimezone(UTC):
+    if first is not None and start is not None and first != start.astimezone(UTC):
         first += timedelta(days=1)
     last = None if end is None else _midnight(end)
     if first is not None and last is not None and first >= last:
         hours, edges = _split_hours(window)
         return _Split(None, None, tuple(hours), tuple(edges), False)
     partial_days = []
-    if first is not None and start.astimezone(UTC) < first:
+    if first is not None and start is not None and start.astimezone(UTC) < first:
         partial_days.append(TimeWindow(start, first))
-    if last is not None and last < end.astimezone(UTC):
+    if last is not None and end is not None and last < end.astimezone(UTC):
         partial_days.append(TimeWindow(last, end))
     hours: list[tuple[datetime, datetime]] = []
     edges: list[TimeWindow] = []
@@ -500,11 +501,11 @@ def _trend_from_hours(session: Session, window: TimeWindow, agent_id: str | None
         where = []
         if first is not None:
             where.append(_H.hour >= first)
-            if window.start.astimezone(UTC) < first:
+            if window.start is not None and window.start.astimezone(UTC) < first:
                 scans.append((TimeWindow(window.start, first), AgentRun.status.in_(TERMINAL)))
         if last is not None:
             where.append(_H.hour < last)
-            if last < window.end.astimezone(UTC):
+            if window.end is not None and last < window.end.astimezone(UTC):
                 scans.append((TimeWindow(last, window.end), AgentRun.status.in_(TERMINAL)))
         if agent_id is not None:
             where.append(_H.agent_id == agent_id)

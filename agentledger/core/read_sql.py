@@ -111,8 +111,9 @@ def percentiles(
     grouped: dict[tuple, list[float]] = {}
     for row in rows[:PERCENTILE_SAMPLE_CAP]:
         grouped.setdefault(tuple(row[: len(group_by)]), []).append(float(row[-1]))
-    result = {key: [_interpolated(vals, f) for f in fractions] for key, vals in grouped.items()}
-    return result, truncated
+    interpolated: dict[tuple, list[float | None]] = {
+        key: [_interpolated(vals, f) for f in fractions] for key, vals in grouped.items()}
+    return interpolated, truncated
 
 
 def context_pack_has_item(
