@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -221,7 +222,7 @@ def append_events(
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
-    if updated.rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
+    if cast(CursorResult, updated).rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
     if redactor.count:
         session.execute(update(AgentRun).where(AgentRun.id == run_id).values(

@@ -149,7 +149,7 @@ def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:
                 select(ContextBlob.sha256, ContextBlob.content).where(
                     ContextBlob.sha256.in_([i["sha256"] for i in items])
                 )
-            ).all()
+            ).tuples().all()
         )
     return ClaimedRun(
         run_id=run_id,

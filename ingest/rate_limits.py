@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
+from typing import cast
 
 from sqlalchemy import delete
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -43,6 +45,6 @@ def take_run_slot(session: Session, owner_id: str, per_minute: int, *,
 def prune_windows(session: Session, *, before: datetime | None = None) -> int:
     """Forget windows that ended more than ten minutes ago."""
     cutoff = before or dialect.now(session) - 10 * WINDOW
-    return session.execute(
+    return cast(CursorResult, session.execute(
         delete(RateLimitWindow).where(RateLimitWindow.window_start < cutoff)
-    ).rowcount
+    )).rowcount

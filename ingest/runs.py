@@ -96,8 +96,9 @@ def agent_snapshot(session: Session, agent_id: str) -> dict[str, Any]:
     return snapshot_of(row)
 
 
-def snapshot_of(row: AgentVersion) -> dict[str, Any]:
-    """The execution snapshot a run freezes of one agent version."""
+def snapshot_of(row: Any) -> dict[str, Any]:
+    """The execution snapshot a run freezes of one agent version (an ``AgentVersion`` or a row
+    with its columns)."""
     return {
         "agent_id": row.agent_id,
         "name": row.name,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
@@ -58,7 +60,8 @@ def _visible(session: Session, session_id: str, owner_id: str | None):
 
 
 def update_session(
-    session: Session, session_id: str, *, owner_id: str | None, title=_UNSET, agent_id=_UNSET
+    session: Session, session_id: str, *, owner_id: str | None, title: Any = _UNSET,
+    agent_id: Any = _UNSET
 ) -> None:
     """Change the title and/or the default agent for the session's next messages."""
     _visible(session, session_id, owner_id)

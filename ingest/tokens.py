@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import secrets
+from typing import cast
 
 from sqlalchemy import insert, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -44,5 +46,5 @@ def revoke_token(session: Session, token_id: str) -> None:
         .where(ApiToken.id == token_id, ApiToken.revoked_at.is_(None))
         .values(revoked_at=dialect.now(session))
     )
-    if done.rowcount != 1:
+    if cast(CursorResult, done).rowcount != 1:
         raise NotFound(f"no active token {token_id}")

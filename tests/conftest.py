@@ -6,29 +6,98 @@ end), emptied with ``TRUNCATE`` before each test. When it cannot be reached the 
 skipped, unless ``AGENTLEDGER_REQUIRE_PG=1``, which turns that into a failure (CI sets it).
 
 SQLite: one migrated file per session, copied into each test's own directory.
+
+Markers from fixtures: a test whose fixtures start real processes (``ProcessManager``,
+``ServerProcess``, ``subprocess``), a browser (Selenium ``webdriver``) or a soak loop (the
+``soak_loop`` fixture) is marked ``process``, ``browser`` or ``soak``, and each of those also
+``slow``, by ``pytest_collection_modifyitems``; ``python -m pytest -m "not slow"`` is the fast
+tier. Helpers live in ``tests/support/`` (see its ``__init__``).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
+import types
 import uuid
+from functools import cache
 from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+from support import seeds
 
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
+from agentledger.core.schema import Base
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-TABLES = (
-    "run_event", "message", "agent_run", "chat_session", "conversation_thread",
-    "agent_version", "agent", "context_blob", "api_token", "rate_limit_window",
-    "agent_outcome_rollup", "agent_outcome_rollup_hour", "archived_run", "admin_action",
-    "otlp_span", "otlp_conversation",
-)
+# Every table of the models, children first (TRUNCATE … CASCADE does not care, but a reader may).
+TABLES = tuple(table.name for table in reversed(Base.metadata.sorted_tables))
+
+
+# ---- markers applied from fixtures --------------------------------------------------------------
+
+# What a fixture's code names (globals and attributes, nested functions included) says it starts.
+STARTS = {
+    "process": frozenset({"ProcessManager", "ServerProcess", "Popen", "subprocess"}),
+    "browser": frozenset({"webdriver", "Chrome"}),
+}
+# Fixtures that are a kind by themselves.
+FIXTURE_KINDS = {"soak_loop": "soak", "procs": "process"}
+
+
+def _names(code: types.CodeType) -> set[str]:
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _names(const)
+    return found
+
+
+@cache
+def _kinds_of(func) -> frozenset[str]:
+    code = getattr(inspect.unwrap(func), "__code__", None)
+    if code is None:
+        return frozenset()
+    names = _names(code)
+    return frozenset(kind for kind, marks in STARTS.items() if names & marks)
+
+
+def fixture_kinds(item: pytest.Item) -> set[str]:
+    """``process`` / ``browser`` / ``soak`` for what ``item``'s fixtures (all of them, the ones
+    its fixtures request included) start."""
+    kinds: set[str] = set()
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return kinds
+    for name, defs in info.name2fixturedefs.items():
+        if name in FIXTURE_KINDS:
+            kinds.add(FIXTURE_KINDS[name])
+        for fixturedef in defs:
+            kinds |= _kinds_of(fixturedef.func)
+    return kinds
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects anything
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kinds = fixture_kinds(item)
+        for kind in sorted(kinds):
+            item.add_marker(kind)
+        if kinds:
+            item.add_marker("slow")
+        elif any(item.get_closest_marker(name) for name in ("process", "browser", "soak")):
+            item.add_marker("slow")  # marked by hand: the same implication
+
+
+@pytest.fixture(scope="session")
+def soak_loop():
+    """The soak switch for a test that loops over many examples (marks it ``soak``/``slow``):
+    ``soak_loop.soak(default, soaked)`` and ``soak_loop.seeded_random(name)``."""
+    return seeds
 
 
 def _require_pg() -> bool:
@@ -127,8 +196,18 @@ def module_db_url(request, tmp_path_factory) -> str:
 @pytest.fixture
 def api(db, db_url):
     """The Flask app (no dashboards) on ``db``, with standard tokens and an ``echo`` agent."""
-    from api_helpers import FlaskApi
+    from support.api import FlaskApi
 
     app = FlaskApi(db, db_url)
     yield app
     app.close()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Real ``agentledger`` processes of one test (``support.processes.ProcessManager``), all
+    killed at teardown."""
+    from support.processes import ProcessManager
+
+    with ProcessManager(tmp_path) as manager:
+        yield manager

@@ -9,10 +9,10 @@ import sys
 from urllib.parse import urlencode
 
 import pytest
-from api_helpers import FlaskApi, assert_error, open_session, send
-from dashboard_helpers import call, logged_in, make_app, tokens
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
+from support.api import FlaskApi, assert_error, open_session, send
+from support.dashboards import call, logged_in, make_app, tokens
 
 from agentledger.core.schema import AdminAction
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api_helpers import assert_error, assert_iso_utc, create_agent, list_all, row_counts
+from support.api import assert_error, assert_iso_utc, create_agent, list_all, row_counts
 
 VERSION_FIELDS = {"version", "name", "kind", "model", "instructions", "tools", "params",
                   "content_hash", "created_at"}

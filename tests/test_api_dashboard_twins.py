@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import history as h
 import pytest
-from api_helpers import FlaskHttp
-from dashboard_helpers import call, logged_in, make_app, texts, tokens
+from support import history as h
+from support.api import FlaskHttp
+from support.dashboards import call, logged_in, make_app, texts, tokens
 
 from agentledger.api.routes_dashboards import DEFAULT_WINDOWS
 from dashboards import components as ui

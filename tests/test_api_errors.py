@@ -11,7 +11,7 @@ import json
 import re
 
 import pytest
-from api_helpers import (
+from support.api import (
     answer,
     assert_envelope,
     assert_error,
@@ -471,7 +471,7 @@ def test_a_viewer_cookie_keeps_the_viewer_role(api, chat):
 
 
 def _reply(response):
-    from api_helpers import Reply
+    from support.api import Reply
 
     try:
         return Reply(response.status_code, response.headers, response.get_data())

@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 
 import pytest
-from api_helpers import (
+from support.api import (
     append,
     assert_error,
     assert_iso_utc,

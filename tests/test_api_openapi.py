@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from api_helpers import (
+from support.api import (
     FlaskHttp,
     Reply,
     answer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from api_helpers import FlaskApi, assert_error, ledger_state, open_session, send
+from support.api import FlaskApi, assert_error, ledger_state, open_session, send
 
 from agentledger.core.database import Database
 from ingest.rate_limits import prune_windows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from api_helpers import (
+from support.api import (
     RUN_FIELDS,
     SSEParser,
     answer,

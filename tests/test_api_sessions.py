@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from api_helpers import (
+from support.api import (
     MESSAGE_FIELDS,
     POSTED_FIELDS,
     answer,
@@ -160,7 +160,7 @@ def test_replaying_the_same_request_returns_the_original_response_and_writes_not
 def test_a_replay_after_the_run_finished_is_still_the_original_202(api, chat):
     key = unique("idem")
     first = send(api, api.alice, chat, "answer me", key=key).json()
-    from api_helpers import complete_run
+    from support.api import complete_run
 
     complete_run(api, api.executor, first["run_id"])
     again = send(api, api.alice, chat, "answer me", key=key)

@@ -9,10 +9,10 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from factories import claim, make_agent, make_session
-from ledger_checks import assert_run_invariants, counts, events, message_row, run_row
-from rollup_checks import assert_rollup_matches_scan
 from sqlalchemy import func, select
+from support.factories import claim, make_agent, make_session
+from support.ledger import assert_run_invariants, counts, events, message_row, run_row
+from support.rollup import assert_rollup_matches_scan
 
 from agentledger import demo
 from agentledger.core.config import Settings

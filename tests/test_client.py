@@ -12,9 +12,9 @@ import threading
 from contextlib import contextmanager
 
 import pytest
-from api_helpers import STANDARD_TOKENS, ServerProcess, make_tokens, unique, wait_until
-from factories import make_agent
-from fault_proxy import FaultProxy, canned
+from support.fault_proxy import FaultProxy, canned
+from support.api import STANDARD_TOKENS, ServerProcess, make_tokens, unique, wait_until
+from support.factories import make_agent
 
 from agentledger.client import ApiError, ConnectionFailed, ExecutorClient, LedgerClient, RetryPolicy
 from agentledger.core.config import Settings

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from dashboard_helpers import csrf_headers, dash_request, logged_in, make_app, tokens
+from support.dashboards import csrf_headers, dash_request, logged_in, make_app, tokens
 
 PAGES = ("/", "/messages", "/messages/msg_x", "/runs", "/runs/run_x", "/timeline", "/interrupted",
          "/leases", "/agents")

@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -44,17 +40,8 @@ from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).parent / "agentledger"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "agentledger.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.processes import ProcessManager  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 
 @dataclass
@@ -74,45 +61,23 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     work = tmp_path_factory.mktemp("browser")
-    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": f"sqlite:///{work / 'ledger.db'}",
-           "AGENTLEDGER_SECRET_KEY": "browser-tests", "PYTHONUNBUFFERED": "1"}
-    subprocess.run([*_command(), "demo", "seed", "--runs", "80", "--seed", "5"], env=env,
-                   check=True, capture_output=True, timeout=120)
-    tokens = {}
-    for role in ("viewer", "user", "admin"):
-        done = subprocess.run([*_command(), "token", "create", "--owner", f"{role}-1", "--role", role],
-                              env=env, check=True, capture_output=True, text=True, timeout=60)
-        tokens[role] = done.stdout.strip().splitlines()[-1]
-    port = _free_port()
-    log_path = work / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [*_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True,
-        )
+    url = f"sqlite:///{work / 'ledger.db'}"
+    secret = {"AGENTLEDGER_SECRET_KEY": "browser-tests"}
+    with ProcessManager(work) as procs:
+        env = procs.environment(url, **secret)
+        done = procs.run(["demo", "seed", "--runs", "80", "--seed", "5"], env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        tokens = {}
+        for role in ("viewer", "user", "admin"):
+            done = procs.run(["token", "create", "--owner", f"{role}-1", "--role", role], env)
+            assert done.returncode == 0, done.stdout + done.stderr
+            tokens[role] = done.stdout.strip().splitlines()[-1]
+        server = procs.serve(url, worker=True, threads=None, **secret)
         try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert server.poll() is None, log_path.read_text()
-                try:
-                    if requests.get(base + "/api/health", timeout=1).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
-            yield Served(base, tokens, log_path)
+            yield Served(server.base_url or "", tokens, server.log_path)
         finally:
-            try:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-    text = log_path.read_text(errors="replace")
+            server.stop(timeout=15)
+        text = server.log()
     assert "Traceback" not in text, text[-4000:]
 
 
@@ -133,10 +98,8 @@ def facts(served):
     chat = served.api("/api/sessions", method="POST", json={"agent_id": "slow-bot"})
     slow = served.api(f"/api/sessions/{chat['id']}/messages", method="POST",
                       json={"content": "take your time"}, headers={"Idempotency-Key": "slow-1"})
-    deadline = time.monotonic() + 20
-    while served.api(f"/api/agent-runs/{slow['run_id']}")["status"] != "running":
-        assert time.monotonic() < deadline, "the in-process worker did not claim the slow run"
-        time.sleep(0.2)
+    wait_until(lambda: served.api(f"/api/agent-runs/{slow['run_id']}")["status"] == "running",
+               timeout=60, interval=0.2, message="the in-process worker to claim the slow run")
     return {"tree_root": biggest, "tree_size": size, "interrupted": interrupted,
             "answer": answer, "agents": agents, "slow_run": slow["run_id"]}
 

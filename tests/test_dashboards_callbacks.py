@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-import history as h
 import pytest
-from dashboard_helpers import call, logged_in, make_app, texts, tokens
+from support import history as h
+from support.dashboards import call, logged_in, make_app, texts, tokens
 
 HOSTILE = "<script>alert('x')</script><b>bold</b> [link](javascript:alert(1))"
 

@@ -10,8 +10,8 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from process_helpers import TERMINAL
 from sqlalchemy import func, select
+from support.processes import TERMINAL
 
 from agentledger.core.config import Settings
 from agentledger.core.schema import Agent, AgentRun, AgentVersion, ChatSession, Message, RunEvent

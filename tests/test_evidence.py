@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from dashboard_helpers import csrf_headers, dash_request, logged_in, make_app
-from factories import make_agent, make_session, post
-from process_helpers import ExecutorPool, wait_for_status
+from support.dashboards import csrf_headers, dash_request, logged_in, make_app
+from support.factories import make_agent, make_session, post
+from support.processes import ExecutorPool, wait_for_status
 
 from agentledger.cli import main
 from agentledger.core.evidence_format import verify_bundle
@@ -253,7 +253,7 @@ def _components(tree, wanted_id):
 
 
 def test_the_provenance_page_links_the_download_and_the_cookie_session_gets_it(db, answered):
-    from dashboard_helpers import tokens
+    from support.dashboards import tokens
 
     app = make_app(db)
     client = logged_in(app, tokens(db)["viewer"])

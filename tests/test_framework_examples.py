@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from process_helpers import Api, ProcessManager, make_token, wait_until
+from support.processes import Api, ProcessManager, make_token, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from factories import make_agent, make_session, post
 from framework_agents import lg_graphs
-from process_helpers import (
+from support.factories import make_agent, make_session, post
+from support.processes import (
     ExecutorPool,
     ProcessManager,
     assert_one_terminal_event,

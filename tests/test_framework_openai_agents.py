@@ -4,9 +4,9 @@ real executor on SQLite and PostgreSQL, the SDK's session stored in the ledger's
 from __future__ import annotations
 
 import pytest
-from factories import make_agent, make_session, post
 from framework_agents import sdk_agents
-from process_helpers import (
+from support.factories import make_agent, make_session, post
+from support.processes import (
     ExecutorPool,
     assert_one_terminal_event,
     events,

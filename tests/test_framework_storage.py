@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from ledger_checks import fresh_database
-from process_helpers import ProcessManager
 from sqlalchemy import create_engine, inspect, text
+from support.ledger import fresh_database
+from support.processes import ProcessManager
 
 from agentledger.core.database import normalize_url
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from api_helpers import (
+from sqlalchemy import select
+from support.api import (
     FlaskHttp,
     append,
     claim_run,
@@ -39,9 +40,8 @@ from api_helpers import (
     post_message,
     unique,
 )
-from dashboard_helpers import csrf_headers, dash_request, logged_in
-from factories import make_agent, make_session
-from sqlalchemy import select
+from support.dashboards import csrf_headers, dash_request, logged_in
+from support.factories import make_agent, make_session
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database

@@ -25,10 +25,10 @@ import subprocess
 import time
 
 import pytest
-from api_helpers import ServerProcess, make_tokens
-from factories import make_agent
-from guarantee_helpers import seed_runs, seeded_random, soak
 from sqlalchemy import text
+from support.api import ServerProcess, make_tokens
+from support.factories import make_agent
+from support.guarantees import seed_runs, seeded_random, soak
 
 from agentledger.core.database import Database
 
@@ -173,7 +173,7 @@ def tamper(db: Database, sql: str, **params) -> None:
         assert conn.execute(text(sql), params).rowcount >= 1, sql
 
 
-def test_verify_names_exactly_the_tampered_run_and_seq(unguarded, db_url):
+def test_verify_names_exactly_the_tampered_run_and_seq(unguarded, db_url, soak_loop):
     db = unguarded
     rng = seeded_random(f"tamper-{db.dialect}")
     make_agent(db, "echo")

@@ -24,9 +24,9 @@ import threading
 import time
 
 import pytest
-from api_helpers import ServerProcess, SSEParser, make_tokens
-from factories import make_agent
-from guarantee_helpers import event_batch, seed_runs, seeded_random, soak
+from support.api import ServerProcess, SSEParser, make_tokens
+from support.factories import make_agent
+from support.guarantees import event_batch, seed_runs, seeded_random, soak
 
 from agentledger.api.stream import RETRY_MS
 from agentledger.api.stream import frame as encode_frame

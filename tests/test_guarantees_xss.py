@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 import requests
-from api_helpers import RequestsHttp, ServerProcess, append, claim_run, make_tokens, unique
+from support.api import RequestsHttp, ServerProcess, append, claim_run, make_tokens, unique
 
 from agentledger.core.database import Database
 

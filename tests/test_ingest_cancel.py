@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from factories import claim, make_agent, make_session, post
-from ledger_checks import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
 
 from agentledger.core.errors import NotFound, RunTerminal
 from ingest.cancel import request_cancel

@@ -10,15 +10,15 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from factories import claim, make_agent, make_session, post
-from ledger_checks import (
+from sqlalchemy import func, select
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import (
     TERMINAL_EVENTS,
     assert_chains_ok,
     assert_run_invariants,
     counts,
     event_types,
 )
-from sqlalchemy import func, select
 
 from agentledger.core.errors import CancelRequested, LedgerError, RunTerminal
 from agentledger.core.schema import RunEvent

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from factories import claim, make_agent, make_session, post
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ledger_checks import (
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import (
     assert_chains_ok,
     assert_run_invariants,
     event_types,

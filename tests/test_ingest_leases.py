@@ -6,8 +6,8 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from factories import claim, make_agent, make_session, post
-from ledger_checks import assert_run_invariants, events, run_row, snapshot_state
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import assert_run_invariants, events, run_row, snapshot_state
 
 from agentledger.core.errors import LeaseLost, ValidationFailed
 from ingest.cancel import request_cancel

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from factories import make_agent, make_session, post
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,8 +30,10 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from ledger_checks import STATUS_AFTER_EVENT, TERMINAL_EVENTS, TERMINAL_STATUSES
 from sqlalchemy import func, select
+from support.factories import make_agent, make_session, post
+from support.ledger import STATUS_AFTER_EVENT, TERMINAL_EVENTS, TERMINAL_STATUSES
+from support.seeds import SOAK
 
 from agentledger.core.database import Database
 from agentledger.core.errors import (
@@ -57,12 +58,10 @@ from ingest.reconcile import (
 from ingest.runs import create_child_run
 from queries.chain_verification import verify_chains
 
-SOAK = os.environ.get("SOAK") == "1"
-# Issue 7's figure is 500 examples × 50 steps on SQLite and 100 × 50 on PostgreSQL; SOAK=1 runs
+# The contract's figure is 500 examples × 50 steps on SQLite and 100 × 50 on PostgreSQL; SOAK=1 runs
 # five times more. LIFECYCLE_EXAMPLES / LIFECYCLE_STEPS override both.
 CI_EXAMPLES = {"sqlite": 500, "postgresql": 100}
 SOAK_EXAMPLES = {"sqlite": 2500, "postgresql": 500}
-CI_SECONDS = {"sqlite": 240, "postgresql": 120}
 STEPS = int(os.environ.get("LIFECYCLE_STEPS", 50))
 
 
@@ -71,8 +70,6 @@ def max_examples(dialect: str) -> int:
         return int(os.environ["LIFECYCLE_EXAMPLES"])
     return (SOAK_EXAMPLES if SOAK else CI_EXAMPLES)[dialect]
 
-
-DEFAULT_COUNTS = not SOAK and not {"LIFECYCLE_EXAMPLES", "LIFECYCLE_STEPS"} & set(os.environ)
 
 EXECUTORS = ("w1", "w2")
 LEASE = 300  # long enough never to run out by itself during one lifecycle
@@ -523,7 +520,7 @@ class Lifecycle(RuleBasedStateMachine):
                 pass
 
 
-def test_random_lifecycles_keep_the_contract(db):
+def test_random_lifecycles_keep_the_contract(db, soak_loop):
     make_agent(db, "echo")
     make_agent(db, "helper")
 
@@ -545,7 +542,6 @@ def test_random_lifecycles_keep_the_contract(db):
     seen = Machine.seen
     assert seen["ok"] and seen["claim"] and seen["LeaseLost"] and seen["RunTerminal"], seen
     elapsed = time.monotonic() - started
+    # The budget is the example count chosen up front; the duration is reported, not judged.
     print(f"lifecycle {db.dialect}: {max_examples(db.dialect)} examples × {STEPS} steps "
           f"in {elapsed:.0f}s")
-    if DEFAULT_COUNTS:
-        assert elapsed < CI_SECONDS[db.dialect], "keep the CI lifecycle run within its budget"

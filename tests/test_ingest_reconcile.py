@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from factories import claim, make_agent, make_session, post
-from ledger_checks import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
 
 from agentledger.core.errors import LeaseLost
 from ingest.cancel import request_cancel

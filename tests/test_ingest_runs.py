@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from factories import make_agent, make_session, post
-from ledger_checks import counts, events, message_row, run_row, session_row, snapshot_state
 from sqlalchemy import select
+from support.factories import make_agent, make_session, post
+from support.ledger import counts, events, message_row, run_row, session_row, snapshot_state
 
 from agentledger.core.errors import IdempotencyConflict, NotFound, UnknownAgent
 from agentledger.core.hashing import sha256_hex

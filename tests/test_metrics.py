@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import history as h
 import pytest
 import requests
-from api_helpers import FlaskHttp, ServerProcess, free_port, make_tokens, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from support import history as h
+from support.api import FlaskHttp, ServerProcess, free_port, make_tokens, wait_until
 
 from agentledger.core.config import Settings
 from queries.lease_health import lease_health

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-import history as h
 import pytest
 import sqlalchemy as sa
-from rollup_checks import assert_rollup_matches_scan
 from sqlalchemy.exc import DBAPIError
+from support import history as h
+from support.rollup import assert_rollup_matches_scan
 from test_outcome_rollup import random_lifecycles
 
 from agentledger.core.migrate import current_revision, downgrade, upgrade

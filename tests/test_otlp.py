@@ -16,7 +16,6 @@ import time
 
 import pytest
 import requests
-from api_helpers import STANDARD_TOKENS, ServerProcess, make_tokens, wait_until
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -27,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from sqlalchemy import func, select
+from support.api import STANDARD_TOKENS, ServerProcess, make_tokens, wait_until
 
 from agentledger.core.database import Database
 from agentledger.core.schema import AgentRun, AgentVersion, ChatSession, Message, OtlpSpan, RunEvent

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-import history as h
 import pytest
-from rollup_checks import assert_rollup_matches_scan, stored
 from sqlalchemy import select
+from support import history as h
+from support.rollup import assert_rollup_matches_scan, stored
 
 from agentledger.core.outcome_histogram import EDGES, bucket_of, estimate_percentiles
 from agentledger.core.schema import AgentOutcomeRollup

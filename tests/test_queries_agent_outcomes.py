@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import history as h
 import pytest
+from support import history as h
 
 from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow

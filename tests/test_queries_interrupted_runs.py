@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import history as h
 import pytest
+from support import history as h
 
 from queries.common import TimeWindow
 from queries.interrupted_runs import InterruptedFilters, interrupted_runs, interruption_trend

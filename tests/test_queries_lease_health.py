@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import history as h
 import pytest
-from factories import claim
+from support import history as h
+from support.factories import claim
 
 from queries.lease_health import lease_health
 

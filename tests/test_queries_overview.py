@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import history as h
 import pytest
+from support import history as h
 
 from queries.common import TimeWindow
 from queries.overview import bucket_seconds_for, overview

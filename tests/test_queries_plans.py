@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import history as h
 import pytest
 from sqlalchemy import event
+from support import history as h
 
 from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow

@@ -3,8 +3,8 @@ snapshots differ (the message → run direction is covered with the API)."""
 
 from __future__ import annotations
 
-import history as h
 import pytest
+from support import history as h
 
 from ingest.runs import ContextItem
 from queries.provenance import (

@@ -10,9 +10,9 @@ import shutil
 import sqlite3
 
 import pytest
-from factories import make_agent, make_session, post
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
+from support.factories import make_agent, make_session, post
 
 from agentledger.app_factory import create_app
 from agentledger.core.config import Settings

@@ -11,9 +11,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from api_helpers import FlaskApi, append, claim_run, open_session, send, unique
-from factories import make_agent
 from sqlalchemy import text
+from support.api import FlaskApi, append, claim_run, open_session, send, unique
+from support.factories import make_agent
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from process_helpers import (
+from support.processes import (
     Api,
     ProcessManager,
     assert_one_terminal_event,

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from factories import make_agent, make_session, post
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
+from support.factories import make_agent, make_session, post
 
 from agentledger.core.schema import AgentRun, ArchivedRun, RunEvent
 from ingest.events import append_events

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 import requests
-from process_helpers import (
+from support.processes import (
     Api,
     ProcessManager,
     assert_one_terminal_event,

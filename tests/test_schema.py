@@ -6,10 +6,10 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from factories import claim, make_agent, make_session, post
-from ledger_checks import assert_chains_ok, events, fresh_database, run_row
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import assert_chains_ok, events, fresh_database, run_row
 
 from agentledger.core.database import Database
 from agentledger.core.migrate import alembic_config, current_revision, upgrade

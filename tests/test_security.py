@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dashboard_helpers import csrf_headers, logged_in, make_app, tokens
+from support.dashboards import csrf_headers, logged_in, make_app, tokens
 
 CALLBACK = {"output": "run-node.children", "outputs": {"id": "run-node", "property": "children"},
             "inputs": [{"id": "run-tree", "property": "tapNodeData", "value": None},

@@ -12,12 +12,12 @@ import contextvars
 import threading
 from datetime import timedelta
 
-import history as h
 import pytest
-from api_helpers import append, claim_run, open_session, post_message
-from dashboard_helpers import call, logged_in, make_app, texts, tokens
-from factories import make_agent, make_session, post
-from process_helpers import ExecutorPool, wait_terminal
+from support import history as h
+from support.api import append, claim_run, open_session, post_message
+from support.dashboards import call, logged_in, make_app, texts, tokens
+from support.factories import make_agent, make_session, post
+from support.processes import ExecutorPool, wait_terminal
 
 from agentledger.agent_kinds import available_kinds, current_run, validate_definition
 from ingest.agents import AgentDefinition, register_agent

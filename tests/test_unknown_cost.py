@@ -9,11 +9,11 @@ import functools
 import importlib
 from datetime import timedelta
 
-import history as h
 import pytest
-from dashboard_helpers import call, logged_in, make_app, texts, tokens
-from factories import make_agent
-from rollup_checks import assert_rollup_matches_scan
+from support import history as h
+from support.dashboards import call, logged_in, make_app, texts, tokens
+from support.factories import make_agent
+from support.rollup import assert_rollup_matches_scan
 
 from agentledger.agent_kinds import RunContext, cost_usd, validate_definition
 from agentledger.agent_kinds.scripted import run_scripted

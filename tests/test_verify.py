@@ -11,9 +11,9 @@ import shutil
 import subprocess
 
 import pytest
-from factories import claim, make_agent, make_session, post
-from ledger_checks import fresh_database
 from sqlalchemy import select, text
+from support.factories import claim, make_agent, make_session, post
+from support.ledger import fresh_database
 
 from agentledger.core.database import Database
 from agentledger.core.hashing import token_hash

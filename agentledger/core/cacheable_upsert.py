@@ -36,6 +36,13 @@ _UPDATE = [
 ]
 
 
+def _post_values(stmt) -> ClauseElement:
+    """The ON CONFLICT clause an ``on_conflict_do_*`` call just set."""
+    clause = stmt._post_values_clause
+    assert clause is not None
+    return clause
+
+
 def _check_set_values(clause) -> None:
     for key, value in clause.update_values_to_set:
         if not isinstance(value, ClauseElement) and not hasattr(value, "__clause_element__"):
@@ -71,13 +78,13 @@ class PostgresInsert(postgresql_dml.Insert):
     def on_conflict_do_nothing(self, *args: Any, **kwargs: Any) -> PostgresInsert:
         stmt = super().on_conflict_do_nothing(*args, **kwargs)
         # Same attributes, one more class in the hierarchy: the clause gains a cache key.
-        stmt._post_values_clause.__class__ = _PostgresDoNothing
+        _post_values(stmt).__class__ = _PostgresDoNothing
         return stmt
 
     def on_conflict_do_update(self, *args: Any, **kwargs: Any) -> PostgresInsert:
         stmt = super().on_conflict_do_update(*args, **kwargs)
-        _check_set_values(stmt._post_values_clause)
-        stmt._post_values_clause.__class__ = _PostgresDoUpdate
+        _check_set_values(_post_values(stmt))
+        _post_values(stmt).__class__ = _PostgresDoUpdate
         return stmt
 
 
@@ -86,13 +93,13 @@ class SqliteInsert(sqlite_dml.Insert):
 
     def on_conflict_do_nothing(self, *args: Any, **kwargs: Any) -> SqliteInsert:
         stmt = super().on_conflict_do_nothing(*args, **kwargs)
-        stmt._post_values_clause.__class__ = _SqliteDoNothing
+        _post_values(stmt).__class__ = _SqliteDoNothing
         return stmt
 
     def on_conflict_do_update(self, *args: Any, **kwargs: Any) -> SqliteInsert:
         stmt = super().on_conflict_do_update(*args, **kwargs)
-        _check_set_values(stmt._post_values_clause)
-        stmt._post_values_clause.__class__ = _SqliteDoUpdate
+        _check_set_values(_post_values(stmt))
+        _post_values(stmt).__class__ = _SqliteDoUpdate
         return stmt
 
 

@@ -140,6 +140,7 @@ def copy_rows(session: Session, table: str, columns: tuple[str, ...], rows) -> N
     fastest way in for many rows. Rows are tuples in ``columns`` order; JSON columns are
     given as JSON text (PostgreSQL parses it; nothing is serialised twice)."""
     raw = session.connection().connection.driver_connection  # the psycopg connection
+    assert raw is not None
     with raw.cursor() as cursor, cursor.copy(
         f"COPY {table} ({', '.join(columns)}) FROM STDIN"
     ) as copy:

@@ -8,7 +8,7 @@ compares them) plus the triggers that make ``run_event`` append-only and run sna
 from __future__ import annotations
 
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -86,6 +87,8 @@ def exists_on(obj, dialect_name: str) -> bool:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=naming)
+    if TYPE_CHECKING:  # every model maps one Table (SQLAlchemy types it as any FromClause)
+        __table__: ClassVar[Table]
 
 
 class Agent(Base):

@@ -30,7 +30,9 @@ connection = config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    assert url, "sqlalchemy.url is not set"
+    engine = create_engine(url)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

@@ -31,6 +31,9 @@ depends_on = None
 
 KEY = ['agent_id', 'agent_version', 'day', 'status']
 BUCKETS = 64  # agentledger.core.outcome_histogram.BUCKETS at the time of this migration
+# agentledger.core.outcome_histogram's column names at the time of this migration
+LATENCY_COLUMNS = tuple(f'latency_h{i:02d}' for i in range(BUCKETS))
+WAIT_COLUMNS = tuple(f'wait_h{i:02d}' for i in range(BUCKETS))
 
 
 def upgrade() -> None:

@@ -1,15 +1,11 @@
 """Helpers for tests/test_guarantees_races.py: a replayable random seed, concurrent firing of HTTP
 requests, deterministic two-connection interleavings, and whole-table tallies of runs' events.
 
-Seed
-    ``GUARANTEE_SEED`` (env) fixes the seed; otherwise one is drawn and printed. Every test derives
-    its own ``random.Random`` from the seed and its name, so one test replays alone.
+The seed (``SEED``, ``seeded``) comes from ``support.seeds``: ``GUARANTEE_SEED`` replays a run.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -21,15 +17,12 @@ from sqlalchemy import func, select
 
 from agentledger.core.database import Database
 from agentledger.core.schema import AgentRun, RunEvent
+from support.seeds import SEED, seeded
 
-SEED = int(os.environ.get("GUARANTEE_SEED") or random.SystemRandom().randrange(2**32))
+__all__ = ["SEED", "Answer", "Interleaving", "ORDERED", "Outcome", "event_counts",
+           "fire_together", "interleave", "seeded", "status_counts", "terminal_counts"]
+
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")
-
-
-def seeded(name: str) -> random.Random:
-    """The test's own generator; prints how to replay it."""
-    print(f"[guarantees] {name}: GUARANTEE_SEED={SEED} (set it to replay)")
-    return random.Random(f"{SEED}:{name}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ In-process executors
     stops them and waits until their run threads have let go of every run.
 
 Reads
-    ``events`` / ``run`` / ``wait_until`` / ``assert_one_terminal_event`` read the tables
-    directly (read-only engine), never through the code under test's own helpers.
+    ``events`` / ``run`` / ``assert_one_terminal_event`` read the tables directly (read-only
+    engine), never through the code under test's own helpers. ``wait_until`` (``support.
+    waiting``) and ``free_port`` (``support.ports``) are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,8 @@ from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.worker.executor import Executor
+from support.ports import free_port
+from support.waiting import wait_until
 
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")
@@ -54,20 +55,6 @@ STATUS_OF_TERMINAL_EVENT = {
 # --------------------------------------------------------------------------------------------
 # waiting and reading
 # --------------------------------------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05,
-               message: str | Callable[[], str] = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; return that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {text}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)
@@ -121,7 +108,7 @@ def message_content(db: Database, message_id: str) -> str:
         return s.execute(select(Message.content).where(Message.id == message_id)).scalar_one()
 
 
-def wait_for_status(db: Database, run_id: str, wanted, *, timeout: float = 10.0) -> str:
+def wait_for_status(db: Database, run_id: str, wanted, *, timeout: float = 60.0) -> str:
     wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
     return wait_until(
         lambda: (st := status(db, run_id)) in wanted and st,
@@ -131,7 +118,7 @@ def wait_for_status(db: Database, run_id: str, wanted, *, timeout: float = 10.0)
     )
 
 
-def wait_terminal(db: Database, run_ids, *, timeout: float = 15.0) -> dict[str, str]:
+def wait_terminal(db: Database, run_ids, *, timeout: float = 60.0) -> dict[str, str]:
     run_ids = [run_ids] if isinstance(run_ids, str) else list(run_ids)
 
     def done():
@@ -213,12 +200,6 @@ class ExecutorPool:
 # --------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Proc:
     name: str
@@ -240,7 +221,7 @@ class Proc:
         except FileNotFoundError:
             return ""
 
-    def wait_for_log(self, pattern: str, *, timeout: float = 30.0) -> re.Match:
+    def wait_for_log(self, pattern: str, *, timeout: float = 60.0) -> re.Match:
         regex = re.compile(pattern)
 
         def found():
@@ -266,6 +247,18 @@ class Proc:
 
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout)
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        """A quick, orderly shutdown of the whole group (``SIGINT``: gunicorn's quick shutdown,
+        open event streams do not delay it), then ``SIGKILL`` for whatever is left."""
+        if self.alive():
+            self.kill_group(signal.SIGINT)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_group(signal.SIGKILL)
+                self.popen.wait(timeout)
+        self.kill_group(signal.SIGKILL)  # workers that outlived the master
 
 
 class ProcessManager:
@@ -317,9 +310,14 @@ class ProcessManager:
 
     def serve(self, db_url: str, *, port: int | None = None, worker: bool = False,
               name: str = "serve", timeout: float = 60.0, args: tuple[str, ...] = (),
-              default_workers: bool = False, **env: str) -> Proc:
+              default_workers: bool = False, threads: int | None = 16, **env: str) -> Proc:
+        """``agentledger serve`` on a free port, waited for through ``/api/health``
+        (``threads=None``: the command's default thread count; one HTTP worker process unless
+        ``args`` names ``--workers`` or ``default_workers`` asks for the command's default)."""
         port = port or free_port()
-        cli = ["serve", "--host", "127.0.0.1", "--port", str(port), "--threads", "16", *args]
+        cli = ["serve", "--host", "127.0.0.1", "--port", str(port), *args]
+        if threads is not None:
+            cli += ["--threads", str(threads)]
         if "--workers" not in args and not default_workers:
             cli += ["--workers", "1"]  # one executor slot per server unless a test asks for more
         if not worker:

@@ -1,34 +1,21 @@
-"""Shared helpers of tests/test_guarantees_*.py: a replayable random seed (``GUARANTEE_SEED``),
-``SOAK=1`` counts, and runs seeded with many events through the real write path.
-
-Every test derives its own ``random.Random`` from the seed and a name, so one test replays alone.
+"""Shared helpers of tests/test_guarantees_*.py: runs seeded with many events through the real
+write path. The seed and the soak switch (``SEED``, ``SOAK``, ``soak``, ``seeded_random``) live in
+``support.seeds`` and are re-exported here.
 """
 
 from __future__ import annotations
 
-import os
 import random
-
-from factories import make_session, post
 
 from agentledger.core.database import Database
 from ingest.events import append_events
 from ingest.leases import claim_run
+from support.factories import make_session, post
+from support.seeds import SEED, SOAK, seeded_random, soak
 
-SEED = int(os.environ.get("GUARANTEE_SEED") or random.SystemRandom().randrange(2**32))
-SOAK = os.environ.get("SOAK") == "1"
+__all__ = ["SEED", "SEED_INSTANCE", "SOAK", "event_batch", "seed_runs", "seeded_random", "soak"]
+
 SEED_INSTANCE = "guarantee-seeder"
-
-
-def soak(default: int, soaked: int) -> int:
-    """``soaked`` under ``SOAK=1``, else ``default``."""
-    return soaked if SOAK else default
-
-
-def seeded_random(name: str) -> random.Random:
-    """The named test's own generator; prints the seed that replays it."""
-    print(f"[guarantees] {name}: GUARANTEE_SEED={SEED} (set it to replay)")
-    return random.Random(f"{SEED}:{name}")
 
 
 _TEXT = "abc xyz 0123 é ß 漢字 🙂 \n\r\t \\ \" ' : data: id: event: <>&"

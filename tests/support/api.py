@@ -9,7 +9,8 @@ client (layer A) and a real ``agentledger serve`` process through ``requests`` (
 - ``assert_error``: the exact error envelope of CONTRACT §5;
 - ``ledger_state``: row counts and a run's head, to prove a refused request wrote nothing;
 - ``SSEParser`` / ``SSEStream``: a real Server-Sent-Events parser over the raw byte stream;
-- ``ServerProcess``: ``agentledger serve --no-worker`` on a free port, killed with its group.
+- ``ServerProcess``: ``agentledger serve --no-worker`` on a free port (``support.processes``);
+- ``wait_until`` / ``free_port``: re-exported from ``support.waiting`` / ``support.ports``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ import itertools
 import json as jsonlib
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +38,9 @@ from agentledger.core.schema import (
     RunEvent,
 )
 from ingest.tokens import create_token
+from support.ports import free_port as free_port  # re-exported for the API tests
+from support.processes import ProcessManager
+from support.waiting import wait_until as wait_until  # re-exported for the API tests
 
 _UNSET: Any = object()
 _counter = itertools.count(1)
@@ -532,63 +532,28 @@ def event_frames_as_dicts(frames: list[SSEFrame]) -> list[dict]:
 # ---- a real server process ---------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _agentledger_command() -> list[str]:
-    script = Path(sys.executable).parent / "agentledger"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "agentledger.cli"]
-
-
 class ServerProcess:
-    """``agentledger serve --no-worker`` on a free port, in its own process group."""
+    """``agentledger serve --no-worker`` on a free port: one ``ProcessManager`` server (its own
+    process group, log file, ``/api/health`` wait), stopped with ``SIGINT`` then ``SIGKILL``."""
 
     def __init__(self, database_url: str, workdir: Path, *, env: Mapping[str, str] | None = None,
                  startup_timeout: float = 60, args: tuple[str, ...] = ()):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"server-{self.port}.log"
-        environment = {
-            **os.environ,
-            "AGENTLEDGER_DATABASE_URL": database_url,
-            "AGENTLEDGER_SECRET_KEY": "api-tests-secret",
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [*_agentledger_command(), "serve", "--no-worker", "--host", "127.0.0.1",
-             "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=environment, cwd=workdir,
-            start_new_session=True,
-        )
+        self.manager = ProcessManager(workdir)
         try:
-            self._wait_ready(startup_timeout)
+            self.proc = self.manager.serve(database_url, timeout=startup_timeout, threads=None,
+                                           args=args, AGENTLEDGER_SECRET_KEY="api-tests-secret",
+                                           **dict(env or {}))
         except BaseException:
-            self.stop()
+            self.manager.close()
             raise
+        assert self.proc.port is not None and self.proc.base_url is not None
+        self.port: int = self.proc.port
+        self.base_url: str = self.proc.base_url
+        self.process = self.proc.popen
+        self.log_path = self.proc.log_path
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with requests.get(self.base_url + "/api/health", timeout=1) as reply:
-                    if reply.status_code == 200:
-                        return
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server did not answer /api/health within {timeout}s:\n{self.log()}")
+        return self.proc.log()
 
     def admin_login_url(self) -> str | None:
         found = re.search(r"admin login: (\S+)", self.log())
@@ -596,31 +561,9 @@ class ServerProcess:
 
     def stop(self) -> None:
         try:
-            if self.process.poll() is None:
-                # SIGINT is gunicorn's quick shutdown: open event streams do not delay it.
-                os.killpg(self.process.pid, signal.SIGINT)
-                try:
-                    self.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait(timeout=10)
-            else:
-                self.process.wait()
-            try:  # workers that outlived the master
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.proc.stop()
         finally:
-            self._log.close()
-
-
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+            self.manager.close()
 
 
 # ---- layer A: the Flask app on a test database -------------------------------------------------
@@ -633,10 +576,9 @@ class FlaskApi:
     """
 
     def __init__(self, db: Database, database_url: str, **settings):
-        from factories import make_agent
-
         from agentledger.app_factory import create_app
         from agentledger.core.config import Settings
+        from support.factories import make_agent
 
         self.db = db
         self.settings = Settings(database_url=database_url, secret_key="api-tests-secret",
