@@ -12,9 +12,9 @@ import threading
 from contextlib import contextmanager
 
 import pytest
-from support.fault_proxy import FaultProxy, canned
 from support.api import STANDARD_TOKENS, ServerProcess, make_tokens, unique, wait_until
 from support.factories import make_agent
+from support.fault_proxy import FaultProxy, canned
 
 from agentledger.client import ApiError, ConnectionFailed, ExecutorClient, LedgerClient, RetryPolicy
 from agentledger.core.config import Settings
