@@ -437,13 +437,19 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime,
 def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
                *, force: bool) -> int:
     """Spans still waiting under (or beside) a recorded run never will be recorded: mark them
-    ``NOT_RECORDED`` and count the new ones among them."""
+    ``NOT_RECORDED`` and count the new ones among them.
+
+    Another server's request may have marked some of this request's spans already (it marks
+    every waiting span under the run it recorded, but counts only its own): those count here,
+    so that every span of an export is either recorded or reported as rejected exactly once."""
     late = 0
     by_trace = _trace_rows(db, trace_ids)
     marks = []
     for trace_id, spans in by_trace.items():
         by_id = {r.span_id: r for r in spans}
         for row in spans:
+            if row.run_id == NOT_RECORDED and (trace_id, row.span_id) in new:
+                late += 1
             if row.run_id is not None:
                 continue
             chain, _complete = _ancestors(row, by_id)
@@ -454,7 +460,13 @@ def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
             s.execute(update(OtlpSpan).where(
                 tuple_(OtlpSpan.trace_id, OtlpSpan.span_id).in_(marks),
                 OtlpSpan.run_id.is_(None)).values(run_id=NOT_RECORDED))
-        late = sum(1 for m in marks if m in new)
+            # Read back in the same transaction: a span a concurrent tree claimed meanwhile was
+            # recorded, not rejected.
+            mine = [m for m in marks if m in new]
+            if mine:
+                late += s.execute(select(func.count()).select_from(OtlpSpan).where(
+                    tuple_(OtlpSpan.trace_id, OtlpSpan.span_id).in_(mine),
+                    OtlpSpan.run_id == NOT_RECORDED)).scalar_one()
     return late
 
 
