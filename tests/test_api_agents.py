@@ -61,5 +61,6 @@ def test_list_agents_pages_by_id(api):
     items, pages = list_all(api, api.alice, "/api/agents", limit=2)
     assert [a["id"] for a in items] == ["alpha", "bravo", "charlie", "delta", "echo"]
     assert pages == 3
-    for role_token in (api.viewer, api.executor, api.admin):
+    for role_token in (api.viewer, api.admin):
         assert api.get("/api/agents", role_token).status == 200
+    assert api.get("/api/agents", api.executor).status == 403  # executors read runs, nothing else

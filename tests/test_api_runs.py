@@ -317,7 +317,7 @@ def test_provenance_answers_the_auditors_question_in_one_call(api, chat):
         assert reply.status == 200
         prov = reply.json()
         assert set(prov) == {"message", "run", "agent", "agent_execution_snapshot",
-                             "context_pack_snapshot", "session"}
+                             "context_pack_snapshot", "session", "history"}
         assert prov["message"]["id"] == run["final_message_id"]
         assert prov["message"]["role"] == "assistant" and prov["message"]["content"] == "Within 30 days."
         assert prov["run"] == run
