@@ -77,8 +77,10 @@ class RollupBatch:
     written with one upsert per table."""
 
     def __init__(self) -> None:
+        # (agent_id, agent_version, period, status, shard): the period is the UTC day (a date)
+        # in ``days`` and the UTC hour (a datetime, which is a date too) in ``hours``
         self.days: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
-        self.hours: dict[tuple[str, int, datetime, str, int], OutcomeSums] = {}
+        self.hours: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
         if outcome.status not in TERMINAL:

@@ -127,11 +127,11 @@ def _trend_from_hours(session: Session, window: TimeWindow, agent_id: str | None
         where = []
         if first is not None:
             where.append(H.hour >= first)
-            if window.start.astimezone(UTC) < first:
+            if window.start is not None and window.start.astimezone(UTC) < first:
                 scans.append((TimeWindow(window.start, first), AgentRun.status.in_(TERMINAL)))
         if last is not None:
             where.append(H.hour < last)
-            if last < window.end.astimezone(UTC):
+            if window.end is not None and last < window.end.astimezone(UTC):
                 scans.append((TimeWindow(last, window.end), AgentRun.status.in_(TERMINAL)))
         if agent_id is not None:
             where.append(H.agent_id == agent_id)

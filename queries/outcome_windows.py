@@ -51,6 +51,7 @@ def ceil_hour(moment: datetime) -> datetime:
 
 def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
     """A bounded partial day as whole hours plus partial-hour edges."""
+    assert part.start is not None and part.end is not None, "a bounded window"
     first, last = ceil_hour(part.start), floor_hour(part.end)
     if first >= last:
         return [], [part]
@@ -65,16 +66,16 @@ def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], lis
 def split_window(window: TimeWindow) -> Split:
     start, end = window.start, window.end
     first = None if start is None else midnight(start)
-    if first is not None and first != start.astimezone(UTC):
+    if start is not None and first is not None and first != start.astimezone(UTC):
         first += timedelta(days=1)
     last = None if end is None else midnight(end)
     if first is not None and last is not None and first >= last:
         hours, edges = _split_hours(window)
         return Split(None, None, tuple(hours), tuple(edges), False)
     partial_days = []
-    if first is not None and start.astimezone(UTC) < first:
+    if start is not None and first is not None and start.astimezone(UTC) < first:
         partial_days.append(TimeWindow(start, first))
-    if last is not None and last < end.astimezone(UTC):
+    if end is not None and last is not None and last < end.astimezone(UTC):
         partial_days.append(TimeWindow(last, end))
     hours: list[tuple[datetime, datetime]] = []
     edges: list[TimeWindow] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, tuple_
+from sqlalchemy import and_, case, literal, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from agentledger.core.agent_params import history_limit
@@ -43,7 +43,7 @@ def thread_history(session: Session, run_id: str, *, limit: int | None = None) -
         .join(AgentRun, AgentRun.id == Message.run_id)
         .where(
             AgentRun.thread_id == run.thread_id,
-            tuple_(AgentRun.created_at, AgentRun.id) < tuple_(run.created_at, run_id),
+            tuple_(AgentRun.created_at, AgentRun.id) < tuple_(run.created_at, literal(run_id)),
             or_(Message.role == "user",
                 and_(Message.role == "assistant", AgentRun.status == "succeeded")),
         )

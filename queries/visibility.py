@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import and_, exists, select, true
+from sqlalchemy import ColumnElement, and_, exists, select, true
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core.schema import AgentRun, ChatSession, Message
@@ -42,8 +42,9 @@ def run_visible_to(owner_id: str):
     )
 
 
-def session_visible_to(owner_id: str):
-    """SQL condition: the session is this owner's and not deleted."""
+def session_visible_to(owner_id: str | ColumnElement[str]):
+    """SQL condition: the session is this owner's and not deleted (``owner_id`` may be a SQL
+    expression, such as a bound parameter of a cached statement)."""
     return and_(ChatSession.owner_id == owner_id, ChatSession.deleted_at.is_(None))
 
 

@@ -152,7 +152,7 @@ def _tree_problems(runs: dict[str, dict[str, Any]], root_id: str) -> list[Eviden
 def _answer_problems(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> list[EvidenceProblem]:
     message = doc.get("message") or {}
     rid = message.get("run_id")
-    record = runs.get(rid)
+    record = None if rid is None else runs.get(rid)
     if record is None:
         return [EvidenceProblem(None, None, f"the answer's run {rid} is not in the bundle")]
     run, events = record["run"], record["events"]

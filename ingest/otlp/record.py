@@ -15,8 +15,10 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import cast
 
 from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -236,8 +238,8 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
     user = mapping.user_text(node.row.attributes)
     last_output = None
     items = [(s.start_at, 0, s) for s in node.content] + [(c.row.start_at, 1, c) for c in node.children]
-    for _, kind, item in sorted(items, key=lambda t: (t[0], t[1])):
-        if kind == 1:
+    for _, _kind, item in sorted(items, key=lambda t: (t[0], t[1])):
+        if isinstance(item, _Node):  # kind 1: a child run
             agent_id, _version = agents[item.run_id]
             add(item.row.start_at, "run.child_created",
                 {"child_run_id": item.run_id, "agent_id": agent_id})
@@ -336,21 +338,21 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
             for top, _seen in trees:
                 for node in _nodes(top):
                     ids = [node.row.span_id, *(c.span_id for c in node.content)]
-                    claimed = s.execute(
+                    claimed = cast(CursorResult, s.execute(
                         update(spans)
                         .where(spans.c.trace_id == node.row.trace_id,
                                spans.c.span_id.in_(ids), spans.c.run_id.is_(None))
                         .values(run_id=node.run_id)
-                    ).rowcount
+                    )).rowcount
                     if claimed != len(ids):
                         raise _Lost(0)
             # Counted after the claims: a span stored by a request that committed before this
             # point is seen here (and the tree is rebuilt with it); one that commits later sees
             # these trees once they are committed, and reports itself as late.
-            stored = dict(s.execute(
+            stored: dict[str, int] = dict(s.execute(
                 select(spans.c.trace_id, func.count())
                 .where(spans.c.trace_id.in_([top.row.trace_id for top, _ in trees]))
-                .group_by(spans.c.trace_id)).all())
+                .group_by(spans.c.trace_id)).tuples().all())
             if any(stored.get(top.row.trace_id) != seen for top, seen in trees):
                 raise _Lost(None)
             importer.write_prepared(s, batch)
