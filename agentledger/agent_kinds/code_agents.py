@@ -106,21 +106,6 @@ def usage_event(ctx: RunContext, model: str | None, input_tokens: Any, output_to
                        "model": model})
 
 
-def validate_pricing(params: dict[str, Any]) -> None:
-    pricing = params.get("pricing")
-    if pricing is None:
-        return
-    if not isinstance(pricing, dict):
-        raise ValueError("params.pricing must be an object of model names")
-    for model, price in pricing.items():
-        if not isinstance(price, dict):
-            raise ValueError(f"params.pricing[{model!r}] must be an object")
-        for key in ("input_per_million", "output_per_million"):
-            value = price.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"params.pricing[{model!r}].{key} must be a number of USD >= 0")
-
-
 def is_ledger_signal(exc: BaseException) -> bool:
     """Exceptions of the ledger itself (cancel, a refused write, a dropped run) pass through."""
     if isinstance(exc, RunCancelled | AgentFailed):

@@ -35,7 +35,6 @@ def _check_object(obj: Any, where: str) -> None:
 def validate(params: dict[str, Any]) -> None:
     """Registration check: a sentence (``ValueError``) when ``params.agent`` cannot run."""
     code_agents.parse_reference(params.get("agent"), "params.agent")
-    code_agents.validate_pricing(params)
     if not openai_agents_installed():
         return  # this server can't import it; the workers that run it will tell
     obj, _, _ = code_agents.load_reference(params["agent"], "params.agent")
