@@ -94,15 +94,21 @@ def runs_tree(run_id: str):
            summary="Which run, agent version and context produced this answer", roles=READERS,
            responses={200: ProvenanceOut}, errors=(404, 422), tag="runs")
 def message_provenance_view(message_id: str):
+    return jsonify(_of_answer(message_provenance, message_id, "provenance"))
+
+
+def _of_answer(query, message_id: str, what: str):
+    """``query`` about an assistant message the caller may see: 422 for a user message, 404
+    for one that does not exist for the caller."""
     try:
-        found = read_one(message_provenance, message_id, visible_to=owner_scope())
+        found = read_one(query, message_id, visible_to=owner_scope())
     except UserMessage as exc:
         raise NotAnAssistantMessage(
-            f"message {message_id} is a user message; provenance exists only for answers"
+            f"message {message_id} is a user message; {what} exists only for answers"
         ) from exc
     if found is None:
         raise NotFound(f"message {message_id} does not exist")
-    return jsonify(found)
+    return found
 
 
 
@@ -110,14 +116,7 @@ def message_provenance_view(message_id: str):
            summary="Evidence bundle of an answer: its whole run tree, snapshots, events and hashes",
            roles=READERS, responses={200: EvidenceOut}, errors=(404, 422), tag="runs")
 def message_evidence_view(message_id: str):
-    try:
-        bundle = read_one(evidence_bundle, message_id, visible_to=owner_scope())
-    except UserMessage as exc:
-        raise NotAnAssistantMessage(
-            f"message {message_id} is a user message; evidence exists only for answers"
-        ) from exc
-    if bundle is None:
-        raise NotFound(f"message {message_id} does not exist")
+    bundle = _of_answer(evidence_bundle, message_id, "evidence")
     body = json.dumps(bundle, ensure_ascii=False, indent=1, sort_keys=True)
     return Response(body, mimetype="application/json", headers={
         "Content-Disposition": f'attachment; filename="evidence-{message_id}.json"'})
