@@ -55,8 +55,11 @@ def test_db_upgrade_adds_them_to_an_existing_database(db_url, tmp_path):
     engine = create_engine(normalize_url(db_url))
     try:
         with engine.begin() as conn:
+            # A set has no order and the Agents SDK's tables reference each other, so
+            # PostgreSQL drops the dependants with CASCADE; SQLite does not enforce them here.
+            cascade = " CASCADE" if dialect == "postgresql" else ""
             for table in FRAMEWORK_TABLES[dialect]:
-                conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+                conn.execute(text(f"DROP TABLE IF EXISTS {table}{cascade}"))
     finally:
         engine.dispose()
     assert not FRAMEWORK_TABLES[dialect] & tables(db_url)
