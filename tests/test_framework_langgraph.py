@@ -4,6 +4,7 @@ real executor on SQLite and PostgreSQL, checkpoints in the ledger's own database
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from support.processes import (
     message_content,
     run,
     runs,
+    status,
+    types,
     wait_for_status,
     wait_terminal,
     wait_until,
@@ -28,6 +31,10 @@ from ingest.cancel import request_cancel
 
 TESTS = Path(__file__).resolve().parent
 GRAPH = "framework_agents.lg_graphs:graph"
+# Short leases so that a killed worker's run is given up quickly (deadlines stay generous).
+LEASE, HEARTBEAT, RECONCILE = 3, 1, 1
+FAST = {"AGENTLEDGER_LEASE_SECONDS": str(LEASE), "AGENTLEDGER_HEARTBEAT_SECONDS": str(HEARTBEAT),
+        "AGENTLEDGER_RECONCILE_SECONDS": str(RECONCILE)}
 PRICING = {"fake-model": {"input_per_million": 2.0, "output_per_million": 8.0}}
 
 
@@ -238,3 +245,47 @@ def test_a_separate_worker_process_runs_the_graph(lg_db, db_url, tmp_path):
         assert end.type == "run.completed", (end, procs.logs())
     assert run(lg_db, second).executor_instance_id == "lg-worker"
     assert answer_of(lg_db, second) == "You first said: my name is Ada. Now: and again."
+
+
+def test_a_worker_killed_mid_graph_is_interrupted_and_the_thread_goes_on(lg_db, db_url, procs):
+    graph_agent(lg_db, "staller", graph="framework_agents.lg_graphs:stalling")
+    session = make_session(lg_db, agent_id="staller")
+    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
+    reconciler = procs.start("reconcile", ["reconcile"], procs.environment(db_url, **FAST))
+    reconciler.wait_for_log(r"reconciling every 1s")
+    worker = procs.worker(db_url, "lg-worker-1", PYTHONPATH=path, **FAST)
+    first, end = ask(lg_db, session, "my name is Ada", timeout=60)
+    assert end.type == "run.completed", (end, procs.logs())
+    assert answer_of(lg_db, first) == "Hello, you said: my name is Ada."
+
+    # The model streams one chunk of its answer and then hangs: the graph is mid-flight.
+    stalled = post(lg_db, session, "stall for a while").run_id
+    wait_until(lambda: status(lg_db, stalled) == "running"
+               and "message.delta" in types(lg_db, stalled), timeout=60,
+               message=lambda: f"the graph to be mid-flight: {types(lg_db, stalled)}\n"
+                               f"{procs.logs()}")
+    worker.kill_group(signal.SIGKILL)
+    assert worker.wait(10) == -signal.SIGKILL
+    wait_terminal(lg_db, stalled, timeout=LEASE + 60)
+    end = assert_one_terminal_event(lg_db, stalled)
+    assert end.type == "run.interrupted", end
+    assert end.data["reason"] == "lease_expired"
+    assert end.data["executor_instance_id"] == "lg-worker-1"
+    interrupted = types(lg_db, stalled)
+
+    procs.worker(db_url, "lg-worker-2", PYTHONPATH=path, **FAST)
+    third, end = ask(lg_db, session, "what is my name?", timeout=60)
+    assert end.type == "run.completed", (end, procs.logs())
+    assert run(lg_db, third).executor_instance_id == "lg-worker-2"
+    assert run(lg_db, third).thread_id == run(lg_db, stalled).thread_id == run(lg_db, first).thread_id
+    # The graph sees only its checkpoints, not the ledger's history, and they hold what the
+    # ledger's history holds: every earlier question, an answer only for the run that succeeded.
+    assert answer_of(lg_db, third) == ("Earlier: my name is Ada | stall for a while "
+                                       "(1 answered). Now: what is my name?.")
+    # It started from the checkpoint the killed run left mid-flight, not from an older one.
+    starts = [next(e.data["checkpoint_id"] for e in events(lg_db, r) if e.type == "agent.resolved")
+              for r in (first, stalled, third)]
+    assert starts[0] is None and starts[1] and starts[2] and starts[2] != starts[1]
+    # The killed run was given up, never run again: nothing was added to it.
+    assert types(lg_db, stalled) == interrupted
+    assert interrupted.count("run.started") == 1 and "run.completed" not in interrupted

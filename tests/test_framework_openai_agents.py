@@ -3,11 +3,15 @@ real executor on SQLite and PostgreSQL, the SDK's session stored in the ledger's
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from framework_agents import sdk_agents
 from support.factories import make_agent, make_session, post
 from support.processes import (
     ExecutorPool,
+    ProcessManager,
     assert_one_terminal_event,
     events,
     message_content,
@@ -22,6 +26,7 @@ from agentledger.agent_kinds import validate_definition
 from agentledger.agent_kinds.storage import setup_framework_storage
 from ingest.cancel import request_cancel
 
+TESTS = Path(__file__).resolve().parent
 AGENT = "framework_agents.sdk_agents:assistant"
 PRICING = {"fake-sdk-model": {"input_per_million": 3.0, "output_per_million": 12.0}}
 
@@ -192,3 +197,26 @@ def test_registration_through_the_api_is_422_and_writes_nothing(api):
     assert reply.json()["error"]["code"] == "validation_error"
     assert "not an Agents SDK Agent" in reply.json()["error"]["message"]
     assert api.get("/api/agents", token=api.admin).json() == before
+
+
+@pytest.mark.slow
+def test_a_separate_worker_process_runs_the_agent_with_its_session(sdk_db, db_url, tmp_path):
+    sdk_agent(sdk_db)
+    session = make_session(sdk_db, agent_id="assistant")
+    # The worker imports the agent by reference: it needs the tests' packages on its path.
+    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
+    with ProcessManager(tmp_path) as procs:
+        procs.worker(db_url, "sdk-worker", PYTHONPATH=path)
+        first, end = ask(sdk_db, session, "my name is Ada", timeout=60)
+        assert end.type == "run.completed", (end, procs.logs())
+        second, end = ask(sdk_db, session, "what is my name?", timeout=60)
+        assert end.type == "run.completed", (end, procs.logs())
+    assert {run(sdk_db, r).executor_instance_id for r in (first, second)} == {"sdk-worker"}
+    assert run(sdk_db, second).thread_id == run(sdk_db, first).thread_id
+    assert answer_of(sdk_db, first) == "Hello, you said: my name is Ada."
+    # The fake model sees only what the SDK session gives it: the first turn came from there.
+    assert answer_of(sdk_db, second) == "You first said: my name is Ada. Now: what is my name?."
+    first_resolved = next(e.data for e in events(sdk_db, first) if e.type == "agent.resolved")
+    resolved = next(e.data for e in events(sdk_db, second) if e.type == "agent.resolved")
+    assert first_resolved["session_items"] == 0
+    assert resolved["session_items"] == 2  # the first run's question and answer

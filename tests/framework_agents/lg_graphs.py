@@ -146,3 +146,46 @@ delegating = StateGraph(MessagesState)
 delegating.add_node("delegate", delegate_node)
 delegating.add_edge(START, "delegate")
 delegating.add_edge("delegate", END)
+
+
+# ---- a graph whose model call hangs mid-answer (a worker killed while the graph runs) -------
+
+STALL_SECONDS = 600.0
+
+
+class StallingModel(FakeModel):
+    """Like ``FakeModel``, but for a prompt starting "stall" streams one chunk and then hangs in
+    the middle of the model call, as a slow provider would: the graph is visibly mid-flight.
+    Its answers name every earlier question and how many got an answer, so the whole memory of
+    the thread shows."""
+
+    def _reply(self, messages) -> AIMessage:
+        humans = [m.text for m in messages if isinstance(m, HumanMessage)]
+        if len(humans) < 2:
+            return super()._reply(messages)
+        answered = sum(isinstance(m, AIMessage) for m in messages)
+        return AIMessage(content=f"Earlier: {' | '.join(humans[:-1])} ({answered} answered). "
+                                 f"Now: {humans[-1]}.")
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        humans = [m.text for m in messages if isinstance(m, HumanMessage)]
+        if humans and humans[-1].startswith("stall"):
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content="thinking"))
+            if run_manager:
+                run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+            yield chunk
+            time.sleep(STALL_SECONDS)
+        yield from super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+STALLING_MODEL = StallingModel()
+
+
+def call_stalling_model(state: MessagesState) -> dict[str, Any]:
+    return {"messages": [STALLING_MODEL.invoke(state["messages"])]}
+
+
+stalling = StateGraph(MessagesState)
+stalling.add_node("model", call_stalling_model)
+stalling.add_edge(START, "model")
+stalling.add_edge("model", END)
