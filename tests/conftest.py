@@ -59,6 +59,8 @@ def _names(code: types.CodeType) -> set[str]:
 
 @cache
 def _kinds_of(func) -> frozenset[str]:
+    if func is None:
+        return frozenset()
     code = getattr(inspect.unwrap(func), "__code__", None)
     if code is None:
         return frozenset()
@@ -67,9 +69,9 @@ def _kinds_of(func) -> frozenset[str]:
 
 
 def fixture_kinds(item: pytest.Item) -> set[str]:
-    """``process`` / ``browser`` / ``soak`` for what ``item``'s fixtures (all of them, the ones
-    its fixtures request included) start."""
-    kinds: set[str] = set()
+    """``process`` / ``browser`` / ``soak`` for what ``item`` and its fixtures (all of them, the
+    ones its fixtures request included) start."""
+    kinds: set[str] = set(_kinds_of(getattr(item, "function", None)))  # the test's own body too
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return kinds

@@ -520,6 +520,9 @@ class Lifecycle(RuleBasedStateMachine):
                 pass
 
 
+# The budget is the example count; on a slow or busy machine 25,000 checked steps take minutes,
+# and pytest-timeout's default is for hangs, not for a test of this size.
+@pytest.mark.timeout(1800)
 def test_random_lifecycles_keep_the_contract(db, soak_loop):
     make_agent(db, "echo")
     make_agent(db, "helper")

@@ -19,7 +19,7 @@ FAST_SHARE = 0.60
 
 def test_the_fast_tier_keeps_at_least_60_percent_of_the_tests():
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
          "-m", "not slow", "tests"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
