@@ -3,19 +3,16 @@ real executor on SQLite and PostgreSQL, checkpoints in the ledger's own database
 
 from __future__ import annotations
 
-import os
 import signal
-from pathlib import Path
 
 import pytest
 from framework_agents import lg_graphs
 from support.factories import make_agent, make_session, post
+from support.frameworks import WORKER_PYTHONPATH, answer_of, ask, two_turns_in_a_worker
 from support.processes import (
     ExecutorPool,
-    ProcessManager,
     assert_one_terminal_event,
     events,
-    message_content,
     run,
     runs,
     status,
@@ -29,7 +26,6 @@ from agentledger.agent_kinds import validate_definition
 from agentledger.agent_kinds.storage import setup_framework_storage
 from ingest.cancel import request_cancel
 
-TESTS = Path(__file__).resolve().parent
 GRAPH = "framework_agents.lg_graphs:graph"
 # Short leases so that a killed worker's run is given up quickly (deadlines stay generous).
 LEASE, HEARTBEAT, RECONCILE = 3, 1, 1
@@ -53,15 +49,6 @@ def executors(lg_db):
 def graph_agent(db, agent_id="weather", graph=GRAPH, **params) -> str:
     return make_agent(db, agent_id, kind="langgraph", params={"graph": graph, **params})
 
-
-def ask(db, session_id: str, text: str, *, timeout: float = 30.0):
-    posted = post(db, session_id, text)
-    wait_terminal(db, posted.run_id, timeout=timeout)
-    return posted.run_id, assert_one_terminal_event(db, posted.run_id)
-
-
-def answer_of(db, run_id: str) -> str:
-    return message_content(db, run(db, run_id).final_message_id)
 
 
 def test_memory_across_runs_and_a_fresh_executor(lg_db, executors):
@@ -233,16 +220,12 @@ def test_registration_through_the_api_is_422_and_writes_nothing(api):
     assert reply.status == 201, reply
 
 
+@pytest.mark.slow  # starts a worker process (inside the helper)
 def test_a_separate_worker_process_runs_the_graph(lg_db, db_url, tmp_path):
     graph_agent(lg_db)
     session = make_session(lg_db, agent_id="weather")
-    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
-    with ProcessManager(tmp_path) as procs:
-        procs.worker(db_url, "lg-worker", PYTHONPATH=path)
-        first, end = ask(lg_db, session, "my name is Ada", timeout=60)
-        assert end.type == "run.completed", (end, procs.logs())
-        second, end = ask(lg_db, session, "and again", timeout=60)
-        assert end.type == "run.completed", (end, procs.logs())
+    first, second = two_turns_in_a_worker(lg_db, db_url, tmp_path, session, "lg-worker",
+                                          ("my name is Ada", "and again"))
     assert run(lg_db, second).executor_instance_id == "lg-worker"
     assert answer_of(lg_db, second) == "You first said: my name is Ada. Now: and again."
 
@@ -250,10 +233,9 @@ def test_a_separate_worker_process_runs_the_graph(lg_db, db_url, tmp_path):
 def test_a_worker_killed_mid_graph_is_interrupted_and_the_thread_goes_on(lg_db, db_url, procs):
     graph_agent(lg_db, "staller", graph="framework_agents.lg_graphs:stalling")
     session = make_session(lg_db, agent_id="staller")
-    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
     reconciler = procs.start("reconcile", ["reconcile"], procs.environment(db_url, **FAST))
     reconciler.wait_for_log(r"reconciling every 1s")
-    worker = procs.worker(db_url, "lg-worker-1", PYTHONPATH=path, **FAST)
+    worker = procs.worker(db_url, "lg-worker-1", PYTHONPATH=WORKER_PYTHONPATH, **FAST)
     first, end = ask(lg_db, session, "my name is Ada", timeout=60)
     assert end.type == "run.completed", (end, procs.logs())
     assert answer_of(lg_db, first) == "Hello, you said: my name is Ada."
@@ -273,7 +255,7 @@ def test_a_worker_killed_mid_graph_is_interrupted_and_the_thread_goes_on(lg_db, 
     assert end.data["executor_instance_id"] == "lg-worker-1"
     interrupted = types(lg_db, stalled)
 
-    procs.worker(db_url, "lg-worker-2", PYTHONPATH=path, **FAST)
+    procs.worker(db_url, "lg-worker-2", PYTHONPATH=WORKER_PYTHONPATH, **FAST)
     third, end = ask(lg_db, session, "what is my name?", timeout=60)
     assert end.type == "run.completed", (end, procs.logs())
     assert run(lg_db, third).executor_instance_id == "lg-worker-2"

@@ -3,22 +3,17 @@ real executor on SQLite and PostgreSQL, the SDK's session stored in the ledger's
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from framework_agents import sdk_agents
 from support.factories import make_agent, make_session, post
+from support.frameworks import answer_of, ask, two_turns_in_a_worker
 from support.processes import (
     ExecutorPool,
-    ProcessManager,
     assert_one_terminal_event,
     events,
-    message_content,
     run,
     runs,
     wait_for_status,
-    wait_terminal,
     wait_until,
 )
 
@@ -26,7 +21,6 @@ from agentledger.agent_kinds import validate_definition
 from agentledger.agent_kinds.storage import setup_framework_storage
 from ingest.cancel import request_cancel
 
-TESTS = Path(__file__).resolve().parent
 AGENT = "framework_agents.sdk_agents:assistant"
 PRICING = {"fake-sdk-model": {"input_per_million": 3.0, "output_per_million": 12.0}}
 
@@ -46,15 +40,6 @@ def executors(sdk_db):
 def sdk_agent(db, agent_id="assistant", agent=AGENT, **params) -> str:
     return make_agent(db, agent_id, kind="openai-agents", params={"agent": agent, **params})
 
-
-def ask(db, session_id: str, text: str, *, timeout: float = 30.0):
-    posted = post(db, session_id, text)
-    wait_terminal(db, posted.run_id, timeout=timeout)
-    return posted.run_id, assert_one_terminal_event(db, posted.run_id)
-
-
-def answer_of(db, run_id: str) -> str:
-    return message_content(db, run(db, run_id).final_message_id)
 
 
 def test_memory_across_runs_and_a_fresh_executor(sdk_db, executors):
@@ -203,14 +188,8 @@ def test_registration_through_the_api_is_422_and_writes_nothing(api):
 def test_a_separate_worker_process_runs_the_agent_with_its_session(sdk_db, db_url, tmp_path):
     sdk_agent(sdk_db)
     session = make_session(sdk_db, agent_id="assistant")
-    # The worker imports the agent by reference: it needs the tests' packages on its path.
-    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])
-    with ProcessManager(tmp_path) as procs:
-        procs.worker(db_url, "sdk-worker", PYTHONPATH=path)
-        first, end = ask(sdk_db, session, "my name is Ada", timeout=60)
-        assert end.type == "run.completed", (end, procs.logs())
-        second, end = ask(sdk_db, session, "what is my name?", timeout=60)
-        assert end.type == "run.completed", (end, procs.logs())
+    first, second = two_turns_in_a_worker(sdk_db, db_url, tmp_path, session, "sdk-worker",
+                                          ("my name is Ada", "what is my name?"))
     assert {run(sdk_db, r).executor_instance_id for r in (first, second)} == {"sdk-worker"}
     assert run(sdk_db, second).thread_id == run(sdk_db, first).thread_id
     assert answer_of(sdk_db, first) == "Hello, you said: my name is Ada."

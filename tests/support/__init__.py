@@ -16,6 +16,7 @@
 ``guarantees``      many-event runs for the guarantee tests
 ``races``           concurrent HTTP, two-connection interleavings, tallies
 ``rollup``          the outcome rollup recomputed by a scan
+``frameworks``      the framework-kind tests' ask / answer / two turns in a worker process
 ==================  ==========================================================================
 
 Fixtures that start processes, browsers or soak loops mark their tests ``process``, ``browser``
