@@ -19,7 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
-from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS
+from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 from agentledger.core.outcome_sums import OutcomeSums, usage_totals
 from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
 from agentledger.core.vocabulary import TERMINAL
@@ -103,8 +103,8 @@ class RollupBatch:
 
 
 def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> None:
-    used_latency = [b for b in range(BUCKETS) if any(r.latency.histogram[b] for r in rows.values())]
-    used_wait = [b for b in range(BUCKETS) if any(r.wait.histogram[b] for r in rows.values())]
+    # Every histogram column, zeros included: one statement shape per table, built and
+    # compiled once (naming only the buckets a batch touched made thousands of shapes).
     values = []
     for key in sorted(rows):
         row = rows[key]
@@ -117,10 +117,8 @@ def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, O
             latency_min=row.latency.min, latency_max=row.latency.max,
             wait_min=row.wait.min, wait_max=row.wait.max,
         )
-        for b in used_latency:
-            item[LATENCY_COLUMNS[b]] = row.latency.histogram[b]
-        for b in used_wait:
-            item[WAIT_COLUMNS[b]] = row.wait.histogram[b]
+        item.update(zip(LATENCY_COLUMNS, row.latency.histogram, strict=True))
+        item.update(zip(WAIT_COLUMNS, row.wait.histogram, strict=True))
         values.append(item)
     dialect.upsert_adding(session, table, key_columns, values,
                           least=("latency_min", "wait_min"),

@@ -122,12 +122,12 @@ def upsert_adding(
     session.execute(stmt, rows)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=64)
 def _adding_statement(dialect_name: str, table: Table, columns: tuple[str, ...],
                       key_columns: tuple[str, ...], least: tuple[str, ...],
                       greatest: tuple[str, ...]):
-    # Built once per shape (the rollup's shapes are the histogram buckets a batch touches): a
-    # wide table's ``excluded`` collection alone took ~10 ms of CPU to build on every run end.
+    # Built once per shape (callers keep to a few): a wide table's ``excluded`` collection
+    # alone took ~10 ms of CPU to build, on every run end for the outcome rollups.
     stmt = cacheable_upsert.insert(dialect_name, table)
     new = stmt.excluded
     pick = func.least if dialect_name == "postgresql" else func.min
