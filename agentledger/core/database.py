@@ -40,6 +40,7 @@ PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
 REPLICA_CONNECT_TIMEOUT_SECONDS = 2
 DEFAULT_REPLICA_MAX_WAIT_MS = 100
 DEFAULT_REPLICA_RETRY_SECONDS = 5.0
+LAGGING_SECONDS = 1.0  # after a wait in vain, reads do not wait for the replica this long
 REPLICA_APPLICATION_NAME = "agentledger-replica-read"
 
 log = logging.getLogger("agentledger.core.database")
@@ -124,7 +125,8 @@ class ReplicaGate:
     ``target()`` asks the primary for its WAL write position (``pg_current_wal_lsn()``: no
     table, one round trip). ``caught_up(connection, lsn)`` asks the replica, on the connection
     the read will use, whether ``pg_last_wal_replay_lsn()`` has reached it, polling for at most
-    ``max_wait`` seconds. Every transaction committed before ``target()`` ran has its commit
+    ``max_wait`` seconds (not at all for ``LAGGING_SECONDS`` after such a wait ended in vain:
+    the replica is far behind, so reads check once and go to the primary). Every transaction committed before ``target()`` ran has its commit
     record below that position, so a snapshot taken on the replica afterwards sees it. A read
     URL that is not a standby (``pg_last_wal_replay_lsn()`` is NULL outside recovery) is used
     as it is, without the guarantee.
@@ -141,6 +143,7 @@ class ReplicaGate:
         self.max_wait = max_wait
         self.retry_seconds = retry_seconds
         self._down_until = 0.0
+        self._lagging_until = 0.0
         self._lock = threading.Lock()
 
     def target(self) -> str:
@@ -148,7 +151,10 @@ class ReplicaGate:
             return connection.execute(self._TARGET).scalar_one()
 
     def caught_up(self, connection: Connection, lsn: str) -> bool:
-        deadline = time.monotonic() + self.max_wait
+        now = time.monotonic()
+        # A replica that just failed to catch up within the wait is far behind: for a moment,
+        # reads check it once and go to the primary at once rather than each wait in vain.
+        deadline = now if now < self._lagging_until else now + self.max_wait
         pause = 0.001
         while True:
             reached = connection.execute(self._CAUGHT_UP, {"lsn": lsn}).scalar()
@@ -156,6 +162,8 @@ class ReplicaGate:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
+                if deadline > now:
+                    self._lagging_until = time.monotonic() + LAGGING_SECONDS
                 return False
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.02)
