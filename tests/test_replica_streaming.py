@@ -154,7 +154,7 @@ def cluster():
         _as_postgres(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
                      "-U", "postgres", "-D", str(standby.data), "-R", "-X", "stream",
                      "--no-sync")
-        _configure(standby, root, extra="hot_standby = on\n")
+        _configure(standby, root, extra="hot_standby = on\nhot_standby_feedback = on\n")
         standby.start()
         started.append(standby)
         assert standby.sql("SELECT pg_is_in_recovery()") == [(True,)]

@@ -9,9 +9,10 @@ With a read replica (``AGENTLEDGER_READ_DATABASE_URL``) on PostgreSQL, a read go
 only once it has replayed the primary's WAL up to the position the primary reported when the
 read began (``ReplicaGate``): a reader sees every commit made before it started, its own included,
 whichever process or server made it. A replica that has not caught up within a short wait, or
-that cannot be reached, leaves the read to the primary. Inside a web request (``read_scope``) the
-choice is made once and kept for the request's other reads; after a write the request reads the
-primary. Writers, executors and the reconciler read with ``primary=True``.
+that cannot be reached, leaves the read to the primary. Inside a web request
+(``begin_read_scope``) the choice is made once and kept for the request's other reads; after a
+write the request reads the primary. Writers, executors and the reconciler read with
+``primary=True``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Eng
 
 
 class _ReadScope:
-    """The replica decision of one web request (``Database.read_scope``): made by its first
+    """The replica decision of one web request (``Database.begin_read_scope``): made by its first
     read, kept by the others; a write in the request sends the rest to the primary."""
 
     __slots__ = ("db", "use_replica")
@@ -126,10 +127,11 @@ class ReplicaGate:
     table, one round trip). ``caught_up(connection, lsn)`` asks the replica, on the connection
     the read will use, whether ``pg_last_wal_replay_lsn()`` has reached it, polling for at most
     ``max_wait`` seconds (not at all for ``LAGGING_SECONDS`` after such a wait ended in vain:
-    the replica is far behind, so reads check once and go to the primary). Every transaction committed before ``target()`` ran has its commit
-    record below that position, so a snapshot taken on the replica afterwards sees it. A read
-    URL that is not a standby (``pg_last_wal_replay_lsn()`` is NULL outside recovery) is used
-    as it is, without the guarantee.
+    the replica is far behind, so reads check once and go to the primary). Every transaction
+    committed before ``target()`` ran has its commit record below that position, so a snapshot
+    taken on the replica afterwards sees it. A read URL that is not a standby
+    (``pg_last_wal_replay_lsn()`` is NULL outside recovery) is used as it is, without the
+    guarantee.
 
     ``down()`` records a failure to reach the replica: for ``retry_seconds`` reads go straight
     to the primary, and one warning is logged per such back-off.
@@ -266,19 +268,10 @@ class Database:
 
     # ---- choosing the replica or the primary -------------------------------------------------
 
-    @contextmanager
-    def read_scope(self) -> Iterator[None]:
-        """One web request: its reads share one replica-or-primary decision (the first read
-        makes it), and after a write in it the remaining reads go to the primary."""
-        token = _scope.set(_ReadScope(self))
-        try:
-            yield
-        finally:
-            _scope.reset(token)
-
     def begin_read_scope(self) -> None:
-        """``read_scope`` for frameworks with separate begin and end hooks (Flask's
-        ``before_request`` / ``teardown_request``); ``end_read_scope`` closes it."""
+        """A web request begins (Flask's ``before_request``): its reads share one
+        replica-or-primary decision (the first read makes it), and after a write in it the
+        remaining reads go to the primary. ``end_read_scope`` (``teardown_request``) ends it."""
         _scope.set(_ReadScope(self))
 
     def end_read_scope(self) -> None:
