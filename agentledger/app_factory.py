@@ -64,4 +64,8 @@ def create_app(
         else:
             mount_dashboards(app)
     install_security(app)
+    # First of all hooks: every read of the request, the caller's look-up included, shares
+    # one replica-or-primary decision (``Database.begin_read_scope``).
+    app.before_request_funcs.setdefault(None, []).insert(0, db.begin_read_scope)
+    app.teardown_request(lambda _exc: db.end_read_scope())
     return app

@@ -150,7 +150,7 @@ def _all_versions_registered(db: Database, start: datetime, days: int) -> Versio
             replay_at(s, moment)
             add_agent_version(s, agent_id, definition(agent_id, len(AGENTS[agent_id]) - len(due[agent_id]) + 1))
         due[agent_id].pop(0)
-    with db.read() as s:
+    with db.read(primary=True) as s:
         rows = version_times(s)
     since: dict[str, list[tuple[datetime, int]]] = {}
     for agent_id, version, created in rows:

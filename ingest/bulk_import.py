@@ -420,7 +420,7 @@ class BulkImporter:
                 finally:
                     session.rollback()
         else:
-            with self.db.read() as session:
+            with self.db.read(primary=True) as session:
                 for tree in trees:
                     self._add_tree(session, batch, tree)
         return batch

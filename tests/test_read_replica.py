@@ -1,11 +1,13 @@
 """AGENTLEDGER_READ_DATABASE_URL: queries read from a replica; read-after-write goes to the primary.
 
 The replica is simulated with a SQLite copy taken at one moment, so replication "lag" is total
-and every read can be attributed to one side.
+and every read can be attributed to one side. On PostgreSQL: a read URL that cannot be reached,
+and one that is not a standby. A real streaming replica is in ``test_replica_streaming``.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sqlite3
 
@@ -13,12 +15,14 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from support.factories import make_agent, make_session, post
+from support.ports import free_port
 
 from agentledger.app_factory import create_app
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from ingest.agents import AgentDefinition, add_agent_version
 from ingest.tokens import create_token
+from queries.agents_catalog import get_agent
 
 
 def _snapshot(primary: str, replica: str) -> None:
@@ -81,3 +85,38 @@ def test_the_replica_connection_refuses_writes(replicated):
     with pytest.raises(OperationalError):
         with db.read() as s:
             s.execute(text("DELETE FROM api_token"))
+
+
+def _reads_everywhere(db: Database) -> list[str]:
+    with db.read() as s:
+        via_read = get_agent(s, "echo")["name"]
+    with db.read_latest() as s:
+        via_latest = get_agent(s, "echo")["name"]
+    row = db.read_row(text("SELECT name FROM agent_version WHERE agent_id = 'echo'"))
+    return [via_read, via_latest, row.name]
+
+
+def test_an_unreachable_postgres_replica_leaves_reads_to_the_primary(pg_url, caplog):
+    db = Database(pg_url, f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/postgres",
+                  replica_retry_seconds=60)
+    try:
+        make_agent(db, "echo", name="Echo")
+        with caplog.at_level(logging.WARNING, logger="agentledger.core.database"):
+            for _ in range(5):
+                assert _reads_everywhere(db) == ["Echo"] * 3
+        warnings = [r for r in caplog.records if "read replica unreachable" in r.getMessage()]
+        assert len(warnings) == 1, warnings  # once per back-off, not once per read
+    finally:
+        db.dispose()
+
+
+def test_a_postgres_read_url_that_is_not_a_standby_is_read_as_it_is(pg_url):
+    db = Database(pg_url, pg_url)  # the primary itself: never in recovery
+    try:
+        make_agent(db, "echo", name="Echo")
+        assert _reads_everywhere(db) == ["Echo"] * 3
+        with db.read() as s:
+            assert s.execute(text("SELECT current_setting('application_name')")).scalar() \
+                == "agentledger-replica-read"  # served by the read URL, not the primary
+    finally:
+        db.dispose()

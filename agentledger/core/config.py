@@ -49,7 +49,15 @@ class Settings:
                        ``: keep-alive`` comment at least this often)
     run_rate_limit     AGENTLEDGER_RUN_RATE_LIMIT      600 runs per owner per minute (0: off)
     read_database_url  AGENTLEDGER_READ_DATABASE_URL   unset: reads use the primary; else a
-                       replica that ``queries`` read from
+                       replica (a PostgreSQL hot standby) that API and dashboard reads use once
+                       it has replayed what the primary had written when the read began, so a
+                       client always reads its own writes; writers, executors and the
+                       reconciler always read the primary
+    read_replica_max_wait_ms  AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS  100: how long a read waits
+                       for a lagging replica to catch up before it reads the primary (0: no wait)
+    read_replica_retry_seconds  AGENTLEDGER_READ_REPLICA_RETRY_SECONDS  5: after the replica
+                       could not be reached (2 s connect timeout), reads use the primary for this
+                       long before trying it again (one warning logged each time)
     secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
     redact             AGENTLEDGER_REDACT              unset: nothing redacted; else detectors
                        (email, phone, card, secret, re:<pattern>) applied before storing
@@ -68,6 +76,8 @@ class Settings:
     sse_keepalive_seconds: float = 15.0
     run_rate_limit: int = 600
     read_database_url: str | None = None
+    read_replica_max_wait_ms: int = 100
+    read_replica_retry_seconds: float = 5.0
     secure_cookies: bool = False
     redact: str = ""
     otlp_quiet_seconds: float = 60.0
@@ -85,6 +95,8 @@ class Settings:
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
             run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
+            read_replica_max_wait_ms=_count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100),
+            read_replica_retry_seconds=_float_env("AGENTLEDGER_READ_REPLICA_RETRY_SECONDS", 5.0),
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),

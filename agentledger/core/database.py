@@ -4,24 +4,47 @@ Two engines per process: a writer used only by ``ingest`` and the entry points t
 and a reader used by ``queries`` whose connections refuse writes (``PRAGMA query_only`` on
 SQLite, ``default_transaction_read_only`` on PostgreSQL). Entry points own the transaction:
 ``with db.write() as s: ingest.…(s, …)`` commits on success and rolls back on any error.
+
+With a read replica (``AGENTLEDGER_READ_DATABASE_URL``) on PostgreSQL, a read goes to the replica
+only once it has replayed the primary's WAL up to the position the primary reported when the
+read began (``ReplicaGate``): a reader sees every commit made before it started, its own included,
+whichever process or server made it. A replica that has not caught up within a short wait, or
+that cannot be reached, leaves the read to the primary. Inside a web request
+(``begin_read_scope``) the choice is made once and kept for the request's other reads; after a
+write the request reads the primary. Writers, executors and the reconciler read with
+``primary=True``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
-from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from agentledger.core.config import sqlite_path
+from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
 PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
+REPLICA_CONNECT_TIMEOUT_SECONDS = 2
+DEFAULT_REPLICA_MAX_WAIT_MS = 100
+DEFAULT_REPLICA_RETRY_SECONDS = 5.0
+LAGGING_SECONDS = 1.0  # after a wait in vain, reads do not wait for the replica this long
+REPLICA_APPLICATION_NAME = "agentledger-replica-read"
+
+log = logging.getLogger("agentledger.core.database")
 
 
 def normalize_url(url: str) -> str:
@@ -61,26 +84,120 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     return engine
 
 
-def _postgres_engine(url: str, *, read_only: bool) -> Engine:
+def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Engine:
     options = "-c timezone=UTC"
     if read_only:
         options += (
             " -c default_transaction_read_only=on"
             f" -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
         )
+    connect_args: dict = {"options": options}
+    if replica:
+        # A stopped or unreachable replica must cost a read a bounded moment, not a hang; the
+        # name tells the replica's pg_stat_activity which sessions are agentledger's reads.
+        connect_args["connect_timeout"] = REPLICA_CONNECT_TIMEOUT_SECONDS
+        connect_args["application_name"] = REPLICA_APPLICATION_NAME
     return create_engine(
         url,
         pool_size=10,
         max_overflow=20,
         pool_pre_ping=True,
-        connect_args={"options": options},
+        connect_args=connect_args,
     )
+
+
+class _ReadScope:
+    """The replica decision of one web request (``Database.begin_read_scope``): made by its first
+    read, kept by the others; a write in the request sends the rest to the primary."""
+
+    __slots__ = ("db", "use_replica")
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.use_replica: bool | None = None  # None: not decided yet
+
+
+_scope: ContextVar[_ReadScope | None] = ContextVar("agentledger_read_scope", default=None)
+
+
+class ReplicaGate:
+    """Whether a PostgreSQL streaming replica (hot standby) may serve a read.
+
+    ``target()`` asks the primary for its WAL write position (``pg_current_wal_lsn()``: no
+    table, one round trip). ``caught_up(connection, lsn)`` asks the replica, on the connection
+    the read will use, whether ``pg_last_wal_replay_lsn()`` has reached it, polling for at most
+    ``max_wait`` seconds (not at all for ``LAGGING_SECONDS`` after such a wait ended in vain:
+    the replica is far behind, so reads check once and go to the primary). Every transaction
+    committed before ``target()`` ran has its commit record below that position, so a snapshot
+    taken on the replica afterwards sees it. A read URL that is not a standby
+    (``pg_last_wal_replay_lsn()`` is NULL outside recovery) is used as it is, without the
+    guarantee.
+
+    ``down()`` records a failure to reach the replica: for ``retry_seconds`` reads go straight
+    to the primary, and one warning is logged per such back-off.
+    """
+
+    _CAUGHT_UP = text("SELECT pg_last_wal_replay_lsn() >= CAST(:lsn AS pg_lsn)")
+    _TARGET = text("SELECT pg_current_wal_lsn()")
+
+    def __init__(self, primary: Engine, *, max_wait: float, retry_seconds: float):
+        self._primary = primary.execution_options(isolation_level="AUTOCOMMIT")
+        self.max_wait = max_wait
+        self.retry_seconds = retry_seconds
+        self._down_until = 0.0
+        self._lagging_until = 0.0
+        self._lock = threading.Lock()
+
+    def target(self) -> str:
+        with self._primary.connect() as connection:
+            return connection.execute(self._TARGET).scalar_one()
+
+    def caught_up(self, connection: Connection, lsn: str) -> bool:
+        now = time.monotonic()
+        # A replica that just failed to catch up within the wait is far behind: for a moment,
+        # reads check it once and go to the primary at once rather than each wait in vain.
+        deadline = now if now < self._lagging_until else now + self.max_wait
+        pause = 0.001
+        while True:
+            reached = connection.execute(self._CAUGHT_UP, {"lsn": lsn}).scalar()
+            if reached is None or reached:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if deadline > now:
+                    self._lagging_until = time.monotonic() + LAGGING_SECONDS
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.02)
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def down(self, exc: BaseException) -> None:
+        with self._lock:
+            if time.monotonic() < self._down_until:
+                return  # another read saw it first: one warning per back-off
+            self._down_until = time.monotonic() + self.retry_seconds
+        log.warning("read replica unreachable (%s); reading the primary for the next %gs",
+                    _first_line(exc), self.retry_seconds)
+
+
+def _first_line(exc: BaseException) -> str:
+    message = str(getattr(exc, "orig", None) or exc).strip()
+    return message.splitlines()[0] if message else type(exc).__name__
+
+
+# What a replica that cannot be reached (stopped, refusing, timing out, pool exhausted) raises.
+_REPLICA_FAILURES = (DBAPIError, PoolTimeout, OSError)
 
 
 class Database:
     """The engines of one process. Create once per process; call ``dispose`` on shutdown."""
 
-    def __init__(self, url: str, read_url: str | None = None, *, redaction_rules: tuple = ()):
+    def __init__(self, url: str, read_url: str | None = None, *, redaction_rules: tuple = (),
+                 replica_max_wait_ms: int = DEFAULT_REPLICA_MAX_WAIT_MS,
+                 replica_retry_seconds: float = DEFAULT_REPLICA_RETRY_SECONDS):
         self.url = normalize_url(url)
         # What ``ingest`` redacts before storing (``agentledger.core.redaction``): handed to
         # every write session, so each write path finds it without another parameter.
@@ -91,11 +208,25 @@ class Database:
         factory = _sqlite_engine if self.dialect == "sqlite" else _postgres_engine
         self.engine = factory(self.url, read_only=False)
         self.read_url = normalize_url(read_url) if read_url else None
-        self.read_engine = factory(self.read_url or self.url, read_only=True)
-        # Reads that must see this process's own latest commit (read-after-write) go to the
-        # primary even when a replica serves the other reads.
+        if self.read_url and make_url(self.read_url).get_backend_name() != self.dialect:
+            raise SystemExit("AGENTLEDGER_READ_DATABASE_URL must be the same kind of database "
+                             f"as AGENTLEDGER_DATABASE_URL ({self.dialect})")
+        if self.read_url and self.is_postgres:
+            self.read_engine = _postgres_engine(self.read_url, read_only=True, replica=True)
+        else:
+            self.read_engine = factory(self.read_url or self.url, read_only=True)
+        # Reads that must see the latest commits (writers, executors, the reconciler, and a
+        # request right after its own write) go to the primary even when a replica serves the
+        # other reads.
         self.primary_read_engine = (
             factory(self.url, read_only=True) if self.read_url else self.read_engine
+        )
+        # On PostgreSQL a replica serves a read only once it has replayed what the primary had
+        # written when the read began; a SQLite "replica" (a copy, in tests) is read as it is.
+        self.replica_gate = (
+            ReplicaGate(self.primary_read_engine, max_wait=replica_max_wait_ms / 1000,
+                        retry_seconds=replica_retry_seconds)
+            if self.read_url and self.is_postgres else None
         )
         self._listeners: list[Callable[[str, str], None]] = []
 
@@ -117,6 +248,9 @@ class Database:
             with session.begin():
                 yield session
             pending = session.info.pop(PENDING_NOTIFICATIONS, ())
+        scope = self._request_scope()
+        if scope is not None:
+            scope.use_replica = False  # the rest of the request reads its own write
         for channel, payload in pending:
             for listener in self._listeners:
                 listener(channel, payload)
@@ -128,18 +262,105 @@ class Database:
     def from_settings(cls, settings) -> Database:
         rules = settings.redaction_rules()
         install_log_redaction(rules)
-        return cls(settings.database_url, settings.read_database_url, redaction_rules=rules)
+        return cls(settings.database_url, settings.read_database_url, redaction_rules=rules,
+                   replica_max_wait_ms=settings.read_replica_max_wait_ms,
+                   replica_retry_seconds=settings.read_replica_retry_seconds)
+
+    # ---- choosing the replica or the primary -------------------------------------------------
+
+    def begin_read_scope(self) -> None:
+        """A web request begins (Flask's ``before_request``): its reads share one
+        replica-or-primary decision (the first read makes it), and after a write in it the
+        remaining reads go to the primary. ``end_read_scope`` (``teardown_request``) ends it."""
+        _scope.set(_ReadScope(self))
+
+    def end_read_scope(self) -> None:
+        _scope.set(None)
+
+    def pin_primary(self) -> None:
+        """The current request reads the primary from now on (callers that follow runs they
+        drive, such as executors over HTTP)."""
+        scope = self._request_scope()
+        if scope is not None:
+            scope.use_replica = False
+
+    def _request_scope(self) -> _ReadScope | None:
+        scope = _scope.get()
+        return scope if scope is not None and scope.db is self else None
+
+    def _replica_connection(self, engine: Engine, *, fresh: bool = False) -> Connection | None:
+        """A connection of ``engine`` (the replica, or its autocommit variant) that may serve
+        the read now, or None when the read must go to the primary. ``fresh``: decide for this
+        read alone, ignoring the request's decision (a loop that re-reads after notifications)."""
+        gate = self.replica_gate
+        if gate is None:
+            return engine.connect()
+        scope = None if fresh else self._request_scope()
+        if (scope is not None and scope.use_replica is False) or not gate.available:
+            return None
+        lsn = None if scope is not None and scope.use_replica else gate.target()
+        try:
+            connection = engine.connect()
+        except _REPLICA_FAILURES as exc:
+            gate.down(exc)
+            return None
+        try:
+            ready = lsn is None or gate.caught_up(connection, lsn)
+            if not ready:
+                connection.close()
+        except _REPLICA_FAILURES as exc:
+            connection.invalidate()
+            connection.close()
+            gate.down(exc)
+            ready = False
+        if scope is not None:
+            scope.use_replica = ready
+        return connection if ready else None
+
+    def _replica_failed(self, exc: BaseException) -> ReplicaUnavailable | None:
+        """What a read that failed on the replica raises instead: a 503 to retry when the
+        replica went away (then it is also left alone for the back-off) or cancelled the query
+        in a conflict with its recovery; None for any other error (raised as it is)."""
+        if self.replica_gate is None or not isinstance(exc, DBAPIError):
+            return None
+        if exc.connection_invalidated:
+            self.replica_gate.down(exc)
+            return ReplicaUnavailable("the read replica went away during the read; retry")
+        if getattr(exc.orig, "sqlstate", None) == "40001":
+            return ReplicaUnavailable("the read replica cancelled the read (a conflict with "
+                                      "its recovery); retry")
+        return None
+
+    # ---- reads -------------------------------------------------------------------------------
 
     @contextmanager
     def read(self, *, primary: bool = False) -> Iterator[Session]:
         """A read-only transaction (anything that tries to write fails in the database).
 
-        On the replica when one is configured, unless ``primary`` asks for read-after-write.
+        On the replica when one is configured and it has caught up with the primary (see the
+        module docstring); ``primary`` reads the primary in any case.
         """
-        engine = self.primary_read_engine if primary else self.read_engine
-        with Session(engine, autoflush=False) as session:
-            with session.begin():
-                yield session
+        connection = None
+        if not primary and self.read_url is not None:
+            connection = self._replica_connection(self.read_engine)
+        if connection is None:
+            with Session(self.primary_read_engine, autoflush=False) as session:
+                with session.begin():
+                    yield session
+            return
+        try:
+            with Session(bind=connection, autoflush=False) as session:
+                with session.begin():
+                    yield session
+                # A transaction the gate's check began on the connection ends here.
+                connection.commit()
+        except _REPLICA_FAILURES as exc:
+            unavailable = self._replica_failed(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        finally:
+            connection.close()
 
     @contextmanager
     def read_latest(self) -> Iterator[Session]:
@@ -154,8 +375,23 @@ class Database:
             with self.read() as session:
                 yield session
             return
-        with Session(self._autocommit_read_engine, autoflush=False) as session:
-            yield session
+        connection = None
+        if self.read_url is not None:
+            connection = self._replica_connection(self._autocommit_read_engine, fresh=True)
+        if connection is None:
+            with Session(self._autocommit_primary_engine, autoflush=False) as session:
+                yield session
+            return
+        try:
+            with Session(bind=connection, autoflush=False) as session:
+                yield session
+        except _REPLICA_FAILURES as exc:
+            unavailable = self._replica_failed(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        finally:
+            connection.close()
 
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
@@ -168,12 +404,29 @@ class Database:
         if not self.is_postgres:
             with self.read() as session:
                 return session.execute(stmt, params or {}).one_or_none()
-        with self._autocommit_read_engine.connect() as connection:
+        connection = None
+        if self.read_url is not None:
+            connection = self._replica_connection(self._autocommit_read_engine)
+        if connection is None:
+            with self._autocommit_primary_engine.connect() as primary:
+                return primary.execute(stmt, params or {}).one_or_none()
+        try:
             return connection.execute(stmt, params or {}).one_or_none()
+        except _REPLICA_FAILURES as exc:
+            unavailable = self._replica_failed(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        finally:
+            connection.close()
 
     @functools.cached_property
     def _autocommit_read_engine(self) -> Engine:
         return self.read_engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @functools.cached_property
+    def _autocommit_primary_engine(self) -> Engine:
+        return self.primary_read_engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def dispose(self) -> None:
         self.engine.dispose()

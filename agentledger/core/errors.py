@@ -119,3 +119,14 @@ class RateLimited(LedgerError):
     """Too many requests; the response carries ``Retry-After``."""
 
     status, code = 429, "rate_limited"
+
+
+class ReplicaUnavailable(LedgerError):
+    """A read on the read replica failed part-way (the replica went away, or cancelled the query
+    in a conflict with its recovery); the next attempt is served by the primary or the replica
+    again. Reads that start while the replica is unreachable go to the primary instead."""
+
+    status, code = 503, "replica_unavailable"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"Retry-After": "1"})

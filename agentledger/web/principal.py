@@ -34,6 +34,9 @@ def current_principal() -> Principal | None:
         found = _principal(token_id=session[SESSION_TOKEN_KEY])
     if found is not None:
         g.principal = found
+        if found.role == "executor":
+            # An executor follows runs it drives (its children, its cancels): the primary.
+            state().db.pin_primary()
     return found
 
 

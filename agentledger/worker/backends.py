@@ -87,7 +87,7 @@ class DatabaseBackend:
                                      executor_instance_id=self.instance_id) for c in children]
 
     def run_states(self, run_ids: list[str]) -> dict[str, RunState]:
-        with self.db.read() as s:
+        with self.db.read(primary=True) as s:  # children it created a moment ago
             rows = s.execute(
                 select(AgentRun.id, AgentRun.status, AgentRun.executor_instance_id,
                        AgentRun.final_message_id).where(AgentRun.id.in_(run_ids))

@@ -34,7 +34,7 @@ class ReconcileResult:
 
 def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
     """One pass over expired leases, then over queued children of ended parents."""
-    with db.read() as s:
+    with db.read(primary=True) as s:
         expired = expired_lease_run_ids(s, limit=limit)
     ended = 0
     for run_id in expired:
@@ -43,7 +43,7 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
                 ended += interrupt_if_lease_expired(s, run_id)
         except LedgerError as exc:  # another writer ended it first
             log.debug("run %s not interrupted: %s", run_id, exc.message)
-    with db.read() as s:
+    with db.read(primary=True) as s:
         orphans = orphaned_child_run_ids(s, limit=limit)
     orphaned = 0
     for run_id in orphans:

@@ -389,7 +389,7 @@ def _tops(rows: list[OtlpSpan], now: datetime, quiet_seconds: float, force: bool
 
 
 def _trace_rows(db: Database, trace_ids) -> dict[str, list[OtlpSpan]]:
-    with db.read() as s:
+    with db.read(primary=True) as s:
         rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id.in_(list(trace_ids)))
                          ).scalars().all()
         s.expunge_all()
@@ -499,7 +499,7 @@ def flush_quiet_traces(db: Database, *, quiet_seconds: float = DEFAULT_QUIET_SEC
     """Traces quiet for ``quiet_seconds`` whose top agent span never showed its parent: write
     their top agent spans as root runs; spans left over are marked not recorded. Returns the
     number of runs written (the reconciler loop calls this)."""
-    with db.read() as s:
+    with db.read(primary=True) as s:
         now = dialect.now(s)
         cutoff = now - timedelta(seconds=quiet_seconds)
         waiting = s.execute(
