@@ -167,7 +167,11 @@ def run_langgraph(ctx: RunContext) -> str | None:
                 graph_input: Any = Command(resume=ctx.input)
             else:
                 graph_input = {"messages": [{"role": "user", "content": ctx.input}]}
-            for mode, chunk in graph.stream(graph_input, config, stream_mode=["messages", "updates"]):
+            # "sync": each checkpoint is saved before the next step starts (LangGraph's default
+            # saves it while the next step runs), so a worker killed mid-graph leaves the
+            # thread's memory holding every step it began with, this run's question included.
+            for mode, chunk in graph.stream(graph_input, config, durability="sync",
+                                            stream_mode=["messages", "updates"]):
                 ctx.check_cancel()
                 if mode == "messages":
                     message, _meta = chunk
