@@ -116,12 +116,24 @@ def upsert_adding(
     """
     if not rows:
         return
-    stmt = cacheable_upsert.insert(name(session), table)
+    stmt = _adding_statement(name(session), table, tuple(key_columns), tuple(rows[0]),
+                             tuple(least), tuple(greatest))
+    # executemany of one small statement: cheap to compile whatever the number of rows
+    session.execute(stmt, rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _adding_statement(dialect_name: str, table: Table, key_columns: tuple[str, ...],
+                      columns: tuple[str, ...], least: tuple[str, ...],
+                      greatest: tuple[str, ...]):
+    # Built once per shape: ``excluded`` is an alias of every column of the table, and building
+    # it for the wide rollup tables cost more than the upsert itself (it runs at every run end).
+    stmt = cacheable_upsert.insert(dialect_name, table)
     new = stmt.excluded
-    pick = func.least if name(session) == "postgresql" else func.min
-    keep = func.greatest if name(session) == "postgresql" else func.max
+    pick = func.least if dialect_name == "postgresql" else func.min
+    keep = func.greatest if dialect_name == "postgresql" else func.max
     set_: dict = {}
-    for column in rows[0]:
+    for column in columns:
         if column in key_columns:
             continue
         old = table.c[column]
@@ -131,8 +143,7 @@ def upsert_adding(
             set_[column] = keep(func.coalesce(old, new[column]), func.coalesce(new[column], old))
         else:
             set_[column] = old + new[column]
-    # executemany of one small statement: cheap to compile whatever the number of rows
-    session.execute(stmt.on_conflict_do_update(index_elements=key_columns, set_=set_), rows)
+    return stmt.on_conflict_do_update(index_elements=list(key_columns), set_=set_)
 
 
 def copy_rows(session: Session, table: str, columns: tuple[str, ...], rows) -> None:
