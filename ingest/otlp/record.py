@@ -569,20 +569,37 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     return written
 
 
-def process_traces(db: Database, trace_ids: set[str], now: datetime,
-                   quiet_seconds: float, known: dict | None = None) -> int:
+def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_seconds: float,
+                   known: dict | None = None) -> tuple[int, set[str]]:
     """All ready trees of these traces in one transaction; when another server got in the way
-    (a tree claimed, or spans added meanwhile), trace by trace instead (re-read in full)."""
+    (a tree claimed, or spans added meanwhile), trace by trace instead (re-read in full).
+
+    Returns the runs written and the traces this left with no span waiting and none of
+    ``known`` settled by someone else: ``_mark_late`` has nothing to do for those (a span
+    stored later is its own request's to report)."""
     by_trace = _trace_rows(db, trace_ids, known)
     trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
              for top in _tops(rows, now, quiet_seconds, False)]
     if not trees:
-        return 0
+        return 0, set()
     if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
         written = _write_trees(db, trees)
         if written:
-            return written
-    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace))
+            return written, _settled(by_trace, trees, known or {})
+    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace)), set()
+
+
+def _settled(by_trace: dict[str, list[_Span]], trees: list[tuple[_Node, int]],
+             known: dict) -> set[str]:
+    """The traces whose every span was claimed by ``trees`` (just committed) or was already
+    settled when read and is not one this request stored."""
+    claimed: dict[str, int] = defaultdict(int)
+    for top, _seen in trees:
+        claimed[top.row.trace_id] += sum(1 + len(node.content) for node in _nodes(top))
+    return {trace_id for trace_id, rows in by_trace.items()
+            if claimed[trace_id] + sum(r.run_id is not None
+                                       and (trace_id, r.span_id) not in known for r in rows)
+            == len(rows)}
 
 
 def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
@@ -646,7 +663,9 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
             key = (row["trace_id"], row["span_id"])
             if key in fresh:
                 known.setdefault(key, row)
-        outcome.runs_written += process_traces(db, traces, now, quiet_seconds, known)
+        written, settled = process_traces(db, traces, now, quiet_seconds, known)
+        outcome.runs_written += written
+        traces -= settled
     if traces:
         late = _mark_late(db, traces, set(new), force=False)
         if late:
