@@ -71,15 +71,18 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
 def _prune_otlp(db: Database, cutoff: datetime, batch_size: int, dry_run: bool) -> tuple[int, int]:
     """(spans deleted, traces) of the OTLP buffer; for a dry run, (0, traces that would be)."""
     spans = traces = 0
+    after = ""
     while True:
         with db.write() as s:
             if dry_run:
                 return 0, len(prunable_otlp_traces(s, received_before=cutoff, limit=None))
-            found = prunable_otlp_traces(s, received_before=cutoff, limit=batch_size)
+            found = prunable_otlp_traces(s, received_before=cutoff, limit=batch_size,
+                                         after=after)
             spans += prune_otlp_spans(s, found, received_before=cutoff)
         traces += len(found)
         if len(found) < batch_size:
             return spans, traces
+        after = found[-1]
 
 
 def verify_archive_command(settings: Settings, archive: str) -> int:

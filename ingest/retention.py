@@ -116,19 +116,20 @@ def delete_trees(session: Session, records: list[dict[str, Any]], archive_file: 
     return len(run_ids)
 
 
-def prunable_otlp_traces(session: Session, *, received_before: datetime,
-                         limit: int | None) -> list[str]:
-    """OTLP traces whose buffered spans are no longer needed: every span settled (recorded in a
-    run, or ``""``: kept but never recorded), the newest received before the cutoff, and no run
-    they were recorded in still in ``agent_run`` (archived, or never written).
+def prunable_otlp_traces(session: Session, *, received_before: datetime, limit: int | None,
+                         after: str = "") -> list[str]:
+    """OTLP traces whose buffered spans are no longer needed, in trace id order after
+    ``after``: every span settled (recorded in a run, or ``""``: kept but never recorded), the
+    newest received before the cutoff, and no run they were recorded in still in ``agent_run``
+    (archived, or never written).
 
     Until then the spans are what makes a re-export write nothing and a late span be reported as
-    late, so they stay as long as their runs stay in the live tables."""
-    old = select(OtlpSpan.trace_id).where(OtlpSpan.received_at < received_before)
+    late, so they stay as long as their runs stay in the live tables. Walking the primary key in
+    order with ``after`` as the cursor reads the buffer once over all the batches."""
     return list(session.execute(
         select(OtlpSpan.trace_id)
         .outerjoin(AgentRun, AgentRun.id == OtlpSpan.run_id)
-        .where(OtlpSpan.trace_id.in_(old))
+        .where(OtlpSpan.trace_id > after)
         .group_by(OtlpSpan.trace_id)
         .having(func.max(OtlpSpan.received_at) < received_before,
                 func.count(OtlpSpan.run_id) == func.count(),  # no span still waiting
