@@ -258,35 +258,50 @@ def _conversation(top: _Node) -> str | None:
     return conversation
 
 
-def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]]
-                         ) -> tuple[dict[str, tuple[str, int]], dict[str, str]]:
-    """The (agent id, version) of every run of the trees and the chat session of each root run
-    that names a conversation. Read in one query each; the write transaction that registers
-    agents, adds versions or creates sessions runs only when something is missing (agent
-    versions are immutable, so what is read stays true)."""
+@dataclass
+class _Known:
+    """What the database says about the trees' agents and conversations, read in one query each."""
+
+    definitions: dict[str, tuple[str, AgentDefinition]]  # by run id
+    conversations: dict[str, tuple[str, str]]  # root run id -> (owner, conversation id)
+    current: dict  # agent id -> its current version's row
+    mapped: dict[tuple[str, str], str]  # (owner, conversation id) -> session id
+
+
+def _read_known(s: Session, trees: list[tuple[_Node, int]]) -> _Known:
     definitions = {node.run_id: _definition(node) for top, _ in trees for node in _nodes(top)}
     conversations = {top.run_id: (top.row.owner_id, c) for top, _ in trees
                      if (c := _conversation(top)) is not None}
     candidates = {c for agent_id, _ in definitions.values()
                   for c in (agent_id, f"{agent_id[:54]}-external")}
-    with db.read(primary=True) as s:
-        current = {row.id: row for row in s.execute(
-            select(Agent.id, Agent.latest_version, AgentVersion.kind, AgentVersion.model,
-                   AgentVersion.instructions, AgentVersion.tools)
-            .join(AgentVersion, (AgentVersion.agent_id == Agent.id)
-                  & (AgentVersion.version == Agent.latest_version))
-            .where(Agent.id.in_(candidates)))}
-        mapped = {(row.owner_id, row.conversation_id): row.session_id for row in s.execute(
-            select(OtlpConversation.owner_id, OtlpConversation.conversation_id,
-                   OtlpConversation.session_id)
-            .where(tuple_(OtlpConversation.owner_id, OtlpConversation.conversation_id)
-                   .in_(set(conversations.values()))))} if conversations else {}
+    current = {row.id: row for row in s.execute(
+        select(Agent.id, Agent.latest_version, AgentVersion.kind, AgentVersion.model,
+               AgentVersion.instructions, AgentVersion.tools)
+        .join(AgentVersion, (AgentVersion.agent_id == Agent.id)
+              & (AgentVersion.version == Agent.latest_version))
+        .where(Agent.id.in_(candidates)))}
+    mapped = {(row.owner_id, row.conversation_id): row.session_id for row in s.execute(
+        select(OtlpConversation.owner_id, OtlpConversation.conversation_id,
+               OtlpConversation.session_id)
+        .where(tuple_(OtlpConversation.owner_id, OtlpConversation.conversation_id)
+               .in_(set(conversations.values()))))} if conversations else {}
+    return _Known(definitions, conversations, current, mapped)
+
+
+def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _Known
+                         ) -> tuple[dict[str, tuple[str, int]], dict[str, str]]:
+    """The (agent id, version) of every run of the trees and the chat session of each root run
+    that names a conversation. The write transaction that registers agents, adds versions or
+    creates sessions runs only when something is missing from ``known`` (agent versions are
+    immutable, so what was read stays true)."""
+    definitions, conversations = known.definitions, known.conversations
     agents: dict[str, tuple[str, int]] = {}
     for run_id, (agent_id, definition) in definitions.items():
-        found = _current_version(current, agent_id, definition)
+        found = _current_version(known.current, agent_id, definition)
         if found is not None:
             agents[run_id] = found
-    sessions = {run_id: mapped[key] for run_id, key in conversations.items() if key in mapped}
+    sessions = {run_id: known.mapped[key] for run_id, key in conversations.items()
+                if key in known.mapped}
     if len(agents) == len(definitions) and len(sessions) == len(conversations):
         return agents, sessions
     with db.write() as s:
@@ -442,18 +457,22 @@ _CLAIM_JSON = text(
     "WHERE s.trace_id = c.trace_id AND s.span_id = c.span_id AND s.run_id IS NULL")
 
 
-def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
+def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) -> int | None:
     """Write the trees (each with the number of its trace's spans it was built from) in one
     transaction. 0 when another server recorded one of them first, None when spans of a trace
     arrived since it was read: the caller rebuilds. All or nothing."""
-    agents, sessions = _agents_and_sessions(db, trees)
+    agents, sessions = _agents_and_sessions(db, trees, known)
     imported = [_imported(top, agents, top.row.owner_id, sessions.get(top.run_id))
                 for top, _seen in trees]
     importer = BulkImporter(db)
-    batch = importer.prepare(imported)
+    # SQLite: built before the write transaction, whose BEGIN IMMEDIATE holds the write lock.
+    # PostgreSQL: inside it, before the claims take any row lock.
+    batch = None if db.is_postgres else importer.prepare(imported)
     spans = OtlpSpan.__table__
     try:
         with db.write() as s:
+            if batch is None:
+                batch = importer.prepare_in(s, imported)
             if not _claim(s, trees):
                 raise _Lost(0)
             # Counted after the claims: a span stored by a request that committed before this
@@ -468,6 +487,7 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
             importer.write_prepared(s, batch)
     except _Lost as lost:
         return lost.args[0]
+    assert batch is not None
     return len(batch.runs)
 
 
@@ -522,19 +542,18 @@ class _Span:
 _SHAPE = (OtlpSpan.trace_id, OtlpSpan.span_id, OtlpSpan.parent_span_id, OtlpSpan.run_id)
 
 
-def _trace_rows(db: Database, trace_ids, known: dict | None = None) -> dict[str, list[_Span]]:
-    """The stored spans of these traces, read on the primary (a replica may not have the spans
+def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, list[_Span]]:
+    """The stored spans of these traces (read on the primary: a replica may not have the spans
     just stored). ``known`` holds rows this request has just stored, by (trace_id, span_id):
     only their ``run_id`` is read back, not their attributes again."""
     known = known or {}
     table = OtlpSpan.__table__
-    with db.read(primary=True) as s:
-        shape = s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))).all()
-        unknown = {r.trace_id for r in shape if (r.trace_id, r.span_id) not in known}
-        full = {}
-        if unknown:
-            full = {(r.trace_id, r.span_id): r for r in s.execute(
-                select(table).where(table.c.trace_id.in_(list(unknown))))}
+    shape = s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))).all()
+    unknown = {r.trace_id for r in shape if (r.trace_id, r.span_id) not in known}
+    full = {}
+    if unknown:
+        full = {(r.trace_id, r.span_id): r for r in s.execute(
+            select(table).where(table.c.trace_id.in_(list(unknown))))}
     by_trace: dict[str, list[_Span]] = defaultdict(list)
     for r in shape:
         key = (r.trace_id, r.span_id)
@@ -553,13 +572,16 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     """Write every run tree of the trace that is ready; returns how many runs were written."""
     written = 0
     for _attempt in range(5):
-        rows = _trace_rows(db, [trace_id]).get(trace_id, [])
-        tops = _tops(rows, now, quiet_seconds, force)
-        if not tops:
+        with db.read(primary=True) as s:
+            rows = _trace_rows(s, [trace_id]).get(trace_id, [])
+            trees = [(_build(top, rows), len(rows))
+                     for top in _tops(rows, now, quiet_seconds, force)]
+            looked_up = _read_known(s, trees)
+        if not trees:
             break
         stale = False
-        for top in tops:
-            count = _write_trees(db, [(_build(top, rows), len(rows))])
+        for tree in trees:
+            count = _write_trees(db, [tree], looked_up)
             if count is None:
                 stale = True
                 break
@@ -577,13 +599,15 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
     Returns the runs written and the traces this left with no span waiting and none of
     ``known`` settled by someone else: ``_mark_late`` has nothing to do for those (a span
     stored later is its own request's to report)."""
-    by_trace = _trace_rows(db, trace_ids, known)
-    trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
-             for top in _tops(rows, now, quiet_seconds, False)]
-    if not trees:
+    with db.read(primary=True) as s:  # one read transaction: the spans, then their agents
+        by_trace = _trace_rows(s, trace_ids, known)
+        trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
+                 for top in _tops(rows, now, quiet_seconds, False)]
+        looked_up = _read_known(s, trees) if trees else None
+    if looked_up is None:
         return 0, set()
     if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
-        written = _write_trees(db, trees)
+        written = _write_trees(db, trees, looked_up)
         if written:
             return written, _settled(by_trace, trees, known or {})
     return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace)), set()
