@@ -11,7 +11,13 @@ from tqdm import tqdm
 from agentledger.core.archive_format import ArchiveWriter, read_archive, verify_archive
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
-from ingest.retention import archivable_roots, delete_trees, export_trees
+from ingest.retention import (
+    archivable_roots,
+    delete_trees,
+    export_trees,
+    prunable_otlp_traces,
+    prune_otlp_spans,
+)
 from queries.archived_runs import archived_heads
 
 
@@ -43,6 +49,8 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
                 runs += delete_trees(s, records, str(path))
             trees += len(roots)
             bar.update(len(roots))
+        # After the trees: an OTLP trace's spans go once its runs have left the live tables.
+        spans, traces = _prune_otlp(db, cutoff, batch_size, dry_run)
     finally:
         bar.close()
         if writer is not None:
@@ -50,11 +58,31 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
         db.dispose()
     if dry_run:
         print(f"{trees} run tree(s) ended before {cutoff.isoformat()} would be archived")
+        print(f"{traces} OTLP trace(s) have buffered spans that can be pruned now")
     elif trees:
         print(f"archived {trees} run tree(s), {runs} run(s) into {path}")
     else:
         print(f"nothing ended before {cutoff.isoformat()}; no archive written")
+    if not dry_run and spans:
+        print(f"pruned {spans} buffered OTLP span(s) of {traces} trace(s)")
     return 0
+
+
+def _prune_otlp(db: Database, cutoff: datetime, batch_size: int, dry_run: bool) -> tuple[int, int]:
+    """(spans deleted, traces) of the OTLP buffer; for a dry run, (0, traces that would be)."""
+    spans = traces = 0
+    after = ""
+    while True:
+        with db.write() as s:
+            if dry_run:
+                return 0, len(prunable_otlp_traces(s, received_before=cutoff, limit=None))
+            found = prunable_otlp_traces(s, received_before=cutoff, limit=batch_size,
+                                         after=after)
+            spans += prune_otlp_spans(s, found, received_before=cutoff)
+        traces += len(found)
+        if len(found) < batch_size:
+            return spans, traces
+        after = found[-1]
 
 
 def verify_archive_command(settings: Settings, archive: str) -> int:

@@ -10,9 +10,12 @@ What it does, in order, in one process:
    each page), ``http_load`` (run creation and event appends, 4 clients, vs ``baseline``'s raw
    psycopg transactions), ``sse`` (append commit → delivery on 100 open streams, on PostgreSQL
    and on a SQLite file).
-3. ``peer_langgraph``: LangGraph's dev server vs ``agentledger serve`` with its worker, on a
+3. ``otlp``: the OTLP receiver in-process on the bench database, 32 protobuf batches of 512 spans
+   (4 with ``--quick``) and the same batches again (a duplicate export), vs the same span rows
+   stored with plain psycopg ``COPY`` (SQLite: ``executemany``) into a scratch table.
+4. ``peer_langgraph``: LangGraph's dev server vs ``agentledger serve`` with its worker, on a
    trivial workload (skipped with a reason when the peer cannot be installed or started).
-4. ``report``: Markdown and JSON under ``bench/results/`` (timestamped, and ``latest.*``).
+5. ``report``: Markdown and JSON under ``bench/results/`` (timestamped, and ``latest.*``).
 
 Timing: ``time.perf_counter()`` around each complete operation, in the bench process.
 Throughput phases run a fixed time (10 s each; 2 s with ``--quick``) with 4 client threads.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
-from bench import dashboards, dataset, http_load, peer_langgraph, reads, report, sse
+from bench import dashboards, dataset, http_load, otlp, peer_langgraph, reads, report, sse
 from bench.common import (
     Row,
     Server,
@@ -27,6 +27,7 @@ from bench.common import (
 
 DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/agentledger_bench"
 SERVER_THREADS = 160  # 100 SSE streams hold one thread each
+OTLP_BATCHES, OTLP_BATCHES_QUICK = 32, 4  # of 512 spans
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         db.dispose()
     _guarded(rows, "sse", "SSE SQLite", lambda: _sse_sqlite(workdir, sizes))
+    # In-process, on the bench database: a few seconds, so --quick keeps it (with fewer batches).
+    _guarded(rows, "otlp", "OTLP receiver",
+             lambda: otlp.rows(url, OTLP_BATCHES_QUICK if args.quick else OTLP_BATCHES))
     _guarded(rows, "peer", "peer comparison",
              lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer,
                                         workers=args.server_workers))

@@ -1,30 +1,46 @@
-"""OTLP receiver throughput: ``python -m bench.otlp [--db URL] [--batches N]``.
+"""OTLP receiver throughput: ``python -m bench.otlp [--db URL] [--batches N]``, and the
+``otlp`` rows of ``python -m bench``.
 
 Measures the receiver's decode-and-write path in-process (``decode_export`` + ``receive_spans``,
 what ``POST /api/otel/v1/traces`` runs after authentication), in protobuf batches of 512 spans:
 64 traces of 8 spans each (one agent span, 4 model spans, 3 tool spans), so every batch also
 writes 64 runs. Then the same batches again: the cost of a duplicate export (nothing new is
-written). Not part of ``python -m bench``'s default suite.
+written). The connections are opened before the clock starts (a server's pool is warm).
+
+The raw baseline stores the same span rows with nothing around them: PostgreSQL gets one
+``COPY`` per batch into a scratch table shaped like ``otlp_span`` (then, for the duplicate
+figure, ``INSERT … SELECT … ON CONFLICT DO NOTHING`` of the same rows from a staging table);
+SQLite gets ``executemany`` inserts (``INSERT OR IGNORE`` for the duplicate figure). It is a
+floor on the cost of buffering the spans; the receiver also writes the runs, their events, hash
+chains, messages and rollups.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sqlite3
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
+import psycopg
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sqlalchemy.engine import make_url
 
-from agentledger.core.database import Database
+from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
+from bench.common import Row, libpq, throughput_ratio
 from ingest.otlp import decode_export, receive_spans
 from ingest.otlp.wire import spans_of
 
 BATCH = 512
 PER_TRACE = 8
+TARGET_SPANS_PER_SECOND = 5000
 
 
 def _kv(key: str, value) -> KeyValue:
@@ -68,16 +84,30 @@ def _send(db: Database, body: bytes):
     return receive_spans(db, "bench", spans)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.otlp", description=__doc__)
-    p.add_argument("--db", default=None, help="database URL (default: a fresh SQLite file)")
-    p.add_argument("--batches", type=int, default=10)
-    args = p.parse_args(argv)
-    url = args.db or f"sqlite:///{tempfile.mkdtemp()}/otlp-bench.db"
+@dataclass
+class Measured:
+    database: str
+    batches: int
+    runs: int
+    fresh_seconds: float
+    duplicate_seconds: float
+
+    @property
+    def spans(self) -> int:
+        return BATCH * self.batches
+
+    def rate(self, seconds: float) -> float:
+        return round(self.spans / seconds, 1) if seconds else 0.0
+
+
+def measure(url: str, batches: int) -> Measured:
+    """The receiver: ``batches`` new batches, then the same batches again."""
     upgrade(url)
     db = Database(url)
     try:
-        bodies = [batch_body(n) for n in range(args.batches)]
+        bodies = [batch_body(n) for n in range(batches)]
+        with db.write(), db.read(primary=True):
+            pass  # open the pools' connections
         started = time.perf_counter()
         runs = 0
         for body in bodies:
@@ -90,11 +120,144 @@ def main(argv: list[str] | None = None) -> int:
         again = time.perf_counter() - started
     finally:
         db.dispose()
-    spans = BATCH * args.batches
-    print(f"database: {db.engine.dialect.name}; {args.batches} batches of {BATCH} spans "
-          f"({runs} runs written)")
-    print(f"new spans:       {spans / fresh:,.0f} spans/s ({fresh / args.batches * 1000:.0f} ms per batch)")
-    print(f"duplicate export: {spans / again:,.0f} spans/s ({again / args.batches * 1000:.0f} ms per batch, nothing written)")
+    return Measured(db.engine.dialect.name, batches, runs, fresh, again)
+
+
+# ---- the raw baseline ------------------------------------------------------------------------
+
+_RAW_COLUMNS = ("trace_id", "span_id", "parent_span_id", "owner_id", "service_name", "name",
+                "start_at", "end_at", "status_code", "status_message", "attributes",
+                "received_at")
+
+
+def _raw_rows(body: bytes) -> list[tuple]:
+    export, _ = decode_export(body, "application/x-protobuf", None)
+    spans, _ = spans_of(export)
+    now = datetime.now(UTC)
+    return [(s.trace_id, s.span_id, s.parent_span_id, "bench", s.service_name, s.name,
+             s.start_at, s.end_at, s.status_code, s.status_message, json.dumps(s.attributes),
+             now) for s in spans]
+
+
+def measure_raw(url: str, batches: int) -> tuple[float, float]:
+    """Seconds to store the same span rows with plain driver calls: new, then again (ignored)."""
+    bodies = [batch_body(n) for n in range(batches)]
+    if make_url(normalize_url(url)).get_backend_name() == "postgresql":
+        return _raw_postgres(libpq(url), bodies)
+    return _raw_sqlite(make_url(normalize_url(url)).database, bodies)
+
+
+_RAW_TABLE = ("trace_id text, span_id text, parent_span_id text, owner_id text, "
+              "service_name text, name text, start_at timestamptz, end_at timestamptz, "
+              "status_code smallint, status_message text, attributes jsonb, "
+              "received_at timestamptz, run_id text, PRIMARY KEY (trace_id, span_id)")
+
+
+def _raw_postgres(dsn: str, bodies: list[bytes]) -> tuple[float, float]:
+    columns = ", ".join(_RAW_COLUMNS)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_raw_otlp_span")
+        conn.execute(f"CREATE TABLE bench_raw_otlp_span ({_RAW_TABLE})")
+        conn.execute("CREATE INDEX ON bench_raw_otlp_span (received_at)")
+        conn.execute("CREATE INDEX ON bench_raw_otlp_span (run_id, received_at)")
+        conn.execute(f"CREATE TEMP TABLE bench_raw_stage ({_RAW_TABLE.split(', PRIMARY')[0]})")
+        conn.commit()
+        try:
+            fresh = again = 0.0
+            for duplicate in (False, True):
+                for body in bodies:
+                    rows = _raw_rows(body)
+                    started = time.perf_counter()
+                    with conn.transaction(), conn.cursor() as cur:
+                        target = "bench_raw_stage" if duplicate else "bench_raw_otlp_span"
+                        with cur.copy(f"COPY {target} ({columns}) FROM STDIN") as copy:
+                            for row in rows:
+                                copy.write_row(row)
+                        if duplicate:
+                            cur.execute(f"INSERT INTO bench_raw_otlp_span ({columns}) "
+                                        f"SELECT {columns} FROM bench_raw_stage "
+                                        "ON CONFLICT DO NOTHING")
+                            cur.execute("TRUNCATE bench_raw_stage")
+                    elapsed = time.perf_counter() - started
+                    if duplicate:
+                        again += elapsed
+                    else:
+                        fresh += elapsed
+        finally:
+            conn.rollback()
+            conn.execute("DROP TABLE IF EXISTS bench_raw_otlp_span")
+            conn.commit()
+    return fresh, again
+
+
+def _raw_sqlite(path: str, bodies: list[bytes]) -> tuple[float, float]:
+    columns = ", ".join(_RAW_COLUMNS)
+    marks = ", ".join("?" for _ in _RAW_COLUMNS)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("DROP TABLE IF EXISTS bench_raw_otlp_span")
+        conn.execute(f"CREATE TABLE bench_raw_otlp_span ({_RAW_TABLE})")
+        conn.execute("CREATE INDEX bench_raw_otlp_received ON bench_raw_otlp_span (received_at)")
+        conn.execute("CREATE INDEX bench_raw_otlp_run ON bench_raw_otlp_span (run_id, received_at)")
+        fresh = again = 0.0
+        for verb, duplicate in (("INSERT", False), ("INSERT OR IGNORE", True)):
+            for body in bodies:
+                rows = [tuple(v.isoformat() if isinstance(v, datetime) else v for v in row)
+                        for row in _raw_rows(body)]
+                started = time.perf_counter()
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(f"{verb} INTO bench_raw_otlp_span ({columns}) VALUES ({marks})",
+                                 rows)
+                conn.execute("COMMIT")
+                elapsed = time.perf_counter() - started
+                if duplicate:
+                    again += elapsed
+                else:
+                    fresh += elapsed
+        conn.execute("DROP TABLE bench_raw_otlp_span")
+    finally:
+        conn.close()
+    return fresh, again
+
+
+def rows(url: str, batches: int) -> list[Row]:
+    """The suite's two OTLP rows: new spans and a duplicate export, each against the raw floor."""
+    got = measure(url, batches)
+    raw_fresh, raw_again = measure_raw(url, batches)
+    fresh, again = got.rate(got.fresh_seconds), got.rate(got.duplicate_seconds)
+    raw_new, raw_dup = got.rate(raw_fresh), got.rate(raw_again)
+    detail = {"batches": batches, "spans_per_batch": BATCH, "runs_written": got.runs,
+              "ms_per_batch": round(got.fresh_seconds / batches * 1000, 1),
+              "duplicate_ms_per_batch": round(got.duplicate_seconds / batches * 1000, 1)}
+    target_met = fresh >= TARGET_SPANS_PER_SECOND
+    return [
+        Row("otlp", f"OTLP receive, batches of {BATCH} spans (spans/s)", "spans/s", fresh,
+            raw_new, throughput_ratio(fresh, raw_new), detail,
+            f"≥ {TARGET_SPANS_PER_SECOND:,} spans/s", "pass" if target_met else "miss",
+            f"{detail['ms_per_batch']} ms per batch, {BATCH // PER_TRACE} runs written per "
+            "batch; raw = the span rows alone (COPY / executemany)"),
+        Row("otlp", f"OTLP duplicate export, batches of {BATCH} spans (spans/s)", "spans/s",
+            again, raw_dup, throughput_ratio(again, raw_dup), detail, "nothing written", "n/a",
+            f"{detail['duplicate_ms_per_batch']} ms per batch; raw = the same rows inserted "
+            "again, ignoring conflicts"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.otlp", description=__doc__)
+    p.add_argument("--db", default=None, help="database URL (default: a fresh SQLite file)")
+    p.add_argument("--batches", type=int, default=10)
+    args = p.parse_args(argv)
+    url = args.db or f"sqlite:///{tempfile.mkdtemp()}/otlp-bench.db"
+    got = measure(url, args.batches)
+    print(f"database: {got.database}; {args.batches} batches of {BATCH} spans "
+          f"({got.runs} runs written)")
+    print(f"new spans:        {got.rate(got.fresh_seconds):,.0f} spans/s "
+          f"({got.fresh_seconds / args.batches * 1000:.0f} ms per batch)")
+    print(f"duplicate export: {got.rate(got.duplicate_seconds):,.0f} spans/s "
+          f"({got.duplicate_seconds / args.batches * 1000:.0f} ms per batch, nothing written)")
     return 0
 
 

@@ -430,6 +430,15 @@ class BulkImporter:
         them with ``write_prepared`` inside a transaction of its own."""
         return self._prepare(trees)
 
+    def prepare_in(self, session: Session, trees: list[ImportedRun]) -> _Batch:
+        """Check and build the rows of ``trees`` with the caller's session for the look-ups: a
+        PostgreSQL write transaction that writes them next (one connection and transaction
+        fewer). Not for SQLite, whose write transaction holds the database's write lock."""
+        batch = _Batch()
+        for tree in trees:
+            self._add_tree(session, batch, tree)
+        return batch
+
     def write_prepared(self, session: Session, batch: _Batch) -> None:
         """Write a prepared batch in the caller's transaction (which commits or rolls back)."""
         self._write(session, batch)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, insert, select
+from sqlalchemy import delete, exists, func, insert, select
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -24,6 +24,7 @@ from agentledger.core.schema import (
     ChatSession,
     ConversationThread,
     Message,
+    OtlpSpan,
     RunEvent,
 )
 from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
@@ -113,3 +114,36 @@ def delete_trees(session: Session, records: list[dict[str, Any]], archive_file: 
             )
         )
     return len(run_ids)
+
+
+def prunable_otlp_traces(session: Session, *, received_before: datetime, limit: int | None,
+                         after: str = "") -> list[str]:
+    """OTLP traces whose buffered spans are no longer needed, in trace id order after
+    ``after``: every span settled (recorded in a run, or ``""``: kept but never recorded), the
+    newest received before the cutoff, and no run they were recorded in still in ``agent_run``
+    (archived, or never written).
+
+    Until then the spans are what makes a re-export write nothing and a late span be reported as
+    late, so they stay as long as their runs stay in the live tables. Walking the primary key in
+    order with ``after`` as the cursor reads the buffer once over all the batches."""
+    return list(session.execute(
+        select(OtlpSpan.trace_id)
+        .outerjoin(AgentRun, AgentRun.id == OtlpSpan.run_id)
+        .where(OtlpSpan.trace_id > after)
+        .group_by(OtlpSpan.trace_id)
+        .having(func.max(OtlpSpan.received_at) < received_before,
+                func.count(OtlpSpan.run_id) == func.count(),  # no span still waiting
+                func.count(AgentRun.id) == 0)
+        .order_by(OtlpSpan.trace_id)
+        .limit(limit)
+    ).scalars())
+
+
+def prune_otlp_spans(session: Session, trace_ids: list[str], *, received_before: datetime) -> int:
+    """Delete the buffered spans of these traces received before the cutoff (a span that
+    arrives meanwhile is newer, so it stays and is handled like any late span)."""
+    if not trace_ids:
+        return 0
+    result = session.execute(delete(OtlpSpan).where(OtlpSpan.trace_id.in_(trace_ids),
+                                                    OtlpSpan.received_at < received_before))
+    return result.rowcount

@@ -36,6 +36,8 @@ EXPECTED = {
                "event appends, batches of 100, 4 clients (events/s)"],
     "sse": ["SSE append → client, PostgreSQL, 100 streams (p50 / p99)",
             "SSE append → client, SQLite, 100 streams (p50 / p99)"],
+    "otlp": ["OTLP receive, batches of 512 spans (spans/s)",
+             "OTLP duplicate export, batches of 512 spans (spans/s)"],
     "peer": ["one run end to end, concurrency 1 (p50)", "one run end to end, concurrency 1 (p95)",
              "trivial runs/s, concurrency 10", "trivial runs/s, concurrency 50"],
 }

@@ -11,13 +11,14 @@ was written is kept and marked ``""`` (not recorded) and counted as rejected.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy import func, insert, select, text, tuple_, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -64,8 +65,8 @@ class ExportOutcome:
 class _Node:
     """One agent span that becomes a run, and the spans it owns."""
 
-    row: OtlpSpan
-    content: list[OtlpSpan] = field(default_factory=list)
+    row: _Span
+    content: list[_Span] = field(default_factory=list)
     children: list[_Node] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: new_id("run"))
 
@@ -77,9 +78,9 @@ def _clean(value, where: str):
         return None, exc.message
 
 
-def store_spans(session: Session, owner_id: str, spans: list[ReceivedSpan],
-                now: datetime) -> tuple[list[tuple[str, str]], list[str]]:
-    """Insert the spans not stored yet; returns the new (trace_id, span_id)s and refusals."""
+def span_rows(owner_id: str, spans: list[ReceivedSpan],
+              now: datetime) -> tuple[list[dict], list[str]]:
+    """The ``otlp_span`` rows of the spans whose text can be stored, and the refusals."""
     rows, refusals = [], []
     for span in spans:
         attrs, problem = _clean(span.attributes, f"span {span.span_id} attributes")
@@ -95,6 +96,15 @@ def store_spans(session: Session, owner_id: str, spans: list[ReceivedSpan],
                      "end_at": span.end_at, "status_code": span.status_code,
                      "status_message": status_message, "attributes": attrs, "received_at": now,
                      "run_id": None})
+    return rows, refusals
+
+
+def store_spans(session: Session, rows: list[dict]) -> list[tuple[str, str]]:
+    """Insert the rows not stored yet (one statement); returns their (trace_id, span_id)s."""
+    if not rows:
+        return []
+    if dialect.name(session) == "postgresql":
+        return _insert_json(session, rows)
     new: list[tuple[str, str]] = []
     for start in range(0, len(rows), _INSERT_CHUNK):
         chunk = rows[start:start + _INSERT_CHUNK]
@@ -102,13 +112,35 @@ def store_spans(session: Session, owner_id: str, spans: list[ReceivedSpan],
                                                  ["trace_id", "span_id"])
         result = session.execute(stmt.returning(OtlpSpan.trace_id, OtlpSpan.span_id), chunk)
         new.extend((r.trace_id, r.span_id) for r in result)
-    return new, refusals
+    return new
+
+
+# All rows as one JSON parameter that the server turns into rows: a short statement whatever the
+# number of spans, so psycopg prepares it once. A multi-row VALUES list of 512 spans is ~100 kB
+# of SQL that the driver re-parses on every request (half of the receiver's time), and array
+# parameters are escaped element by element in Python; ``json.dumps`` is C.
+_INSERT_JSON = text(
+    f"INSERT INTO otlp_span ({', '.join(OtlpSpan.__table__.c.keys())}) "
+    f"SELECT {', '.join(OtlpSpan.__table__.c.keys())} "
+    "FROM json_populate_recordset(NULL::otlp_span, CAST(:rows AS json)) "
+    "ON CONFLICT (trace_id, span_id) DO NOTHING RETURNING trace_id, span_id")
+
+
+def _insert_json(session: Session, rows: list[dict]) -> list[tuple[str, str]]:
+    result = session.execute(_INSERT_JSON, {"rows": json.dumps(rows, default=_iso)})
+    return [(r.trace_id, r.span_id) for r in result]
+
+
+def _iso(value):
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 # --- building the run trees of a trace ----------------------------------------------------------
 
 
-def _ancestors(row: OtlpSpan, by_id: dict[str, OtlpSpan]):
+def _ancestors(row: _Span, by_id: dict[str, _Span]):
     """The present spans above ``row``, nearest first, and whether the chain reaches the root."""
     chain, seen = [], {row.span_id}
     parent = row.parent_span_id
@@ -122,9 +154,9 @@ def _ancestors(row: OtlpSpan, by_id: dict[str, OtlpSpan]):
     return chain, True
 
 
-def _build(root: OtlpSpan, rows: list[OtlpSpan]) -> _Node:
+def _build(root: _Span, rows: list[_Span]) -> _Node:
     """The run tree under ``root``: each span belongs to its nearest agent ancestor."""
-    children: dict[str, list[OtlpSpan]] = defaultdict(list)
+    children: dict[str, list[_Span]] = defaultdict(list)
     for row in rows:
         if row.parent_span_id is not None:
             children[row.parent_span_id].append(row)
@@ -217,6 +249,96 @@ def _session_for(session: Session, owner_id: str, conversation: str, agent_id: s
     return session_id
 
 
+def _conversation(top: _Node) -> str | None:
+    conversation = mapping.conversation_id(top.row.attributes)
+    for span in top.content:
+        if conversation is not None:
+            break
+        conversation = mapping.conversation_id(span.attributes)
+    return conversation
+
+
+@dataclass
+class _Known:
+    """What the database says about the trees' agents and conversations, read in one query each."""
+
+    definitions: dict[str, tuple[str, AgentDefinition]]  # by run id
+    conversations: dict[str, tuple[str, str]]  # root run id -> (owner, conversation id)
+    current: dict  # agent id -> its current version's row
+    mapped: dict[tuple[str, str], str]  # (owner, conversation id) -> session id
+
+
+def _read_known(s: Session, trees: list[tuple[_Node, int]]) -> _Known:
+    definitions = {node.run_id: _definition(node) for top, _ in trees for node in _nodes(top)}
+    conversations = {top.run_id: (top.row.owner_id, c) for top, _ in trees
+                     if (c := _conversation(top)) is not None}
+    candidates = {c for agent_id, _ in definitions.values()
+                  for c in (agent_id, f"{agent_id[:54]}-external")}
+    current = {row.id: row for row in s.execute(
+        select(Agent.id, Agent.latest_version, AgentVersion.kind, AgentVersion.model,
+               AgentVersion.instructions, AgentVersion.tools)
+        .join(AgentVersion, (AgentVersion.agent_id == Agent.id)
+              & (AgentVersion.version == Agent.latest_version))
+        .where(Agent.id.in_(candidates)))}
+    mapped = {(row.owner_id, row.conversation_id): row.session_id for row in s.execute(
+        select(OtlpConversation.owner_id, OtlpConversation.conversation_id,
+               OtlpConversation.session_id)
+        .where(tuple_(OtlpConversation.owner_id, OtlpConversation.conversation_id)
+               .in_(set(conversations.values()))))} if conversations else {}
+    return _Known(definitions, conversations, current, mapped)
+
+
+def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _Known
+                         ) -> tuple[dict[str, tuple[str, int]], dict[str, str]]:
+    """The (agent id, version) of every run of the trees and the chat session of each root run
+    that names a conversation. The write transaction that registers agents, adds versions or
+    creates sessions runs only when something is missing from ``known`` (agent versions are
+    immutable, so what was read stays true)."""
+    definitions, conversations = known.definitions, known.conversations
+    agents: dict[str, tuple[str, int]] = {}
+    for run_id, (agent_id, definition) in definitions.items():
+        found = _current_version(known.current, agent_id, definition)
+        if found is not None:
+            agents[run_id] = found
+    sessions = {run_id: known.mapped[key] for run_id, key in conversations.items()
+                if key in known.mapped}
+    if len(agents) == len(definitions) and len(sessions) == len(conversations):
+        return agents, sessions
+    with db.write() as s:
+        resolved: dict[tuple, tuple[str, int]] = {}
+        for run_id, (agent_id, definition) in definitions.items():
+            if run_id in agents:
+                continue
+            key = (agent_id, definition.name, definition.model, definition.instructions,
+                   tuple(definition.tools))
+            if key not in resolved:
+                resolved[key] = _ensure_agent(s, agent_id, definition)
+            agents[run_id] = resolved[key]
+        for top, _seen in trees:
+            if top.run_id in conversations and top.run_id not in sessions:
+                owner_id, conversation = conversations[top.run_id]
+                sessions[top.run_id] = _session_for(s, owner_id, conversation,
+                                                    agents[top.run_id][0], top.row.start_at)
+    return agents, sessions
+
+
+def _current_version(current: dict, agent_id: str,
+                     definition: AgentDefinition) -> tuple[str, int] | None:
+    """What ``_ensure_agent`` would answer without writing, from the agents' current versions;
+    None when it would have to register the agent or add a version."""
+    for candidate in (agent_id, f"{agent_id[:54]}-external"):
+        row = current.get(candidate)
+        if row is None:
+            return None
+        if row.kind != EXTERNAL_KIND:
+            continue
+        if (row.model, row.instructions, list(row.tools or [])) == (
+                definition.model, definition.instructions, list(definition.tools)):
+            return candidate, row.latest_version
+        return None
+    return None
+
+
 def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[ImportedEvent], str]:
     """The run's events after ``run.queued``, in span time order, clipped to the agent span's
     own interval (a remote span's clock may be a little off), and the run's input."""
@@ -303,49 +425,56 @@ class _Lost(Exception):
     """Another server recorded (part of) this tree first."""
 
 
-def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
+def _claim(session: Session, trees: list[tuple[_Node, int]]) -> bool:
+    """Mark every span the trees use with its run, only where ``run_id`` is still NULL: the
+    compare-and-set that lets one server only write a tree. False when any span was taken."""
+    claims = [(node.row.trace_id, span_id, node.run_id)
+              for top, _seen in trees for node in _nodes(top)
+              for span_id in (node.row.span_id, *(c.span_id for c in node.content))]
+    if dialect.name(session) == "postgresql":
+        # One statement for the whole request instead of one per run.
+        rows = [{"trace_id": t, "span_id": sp, "run_id": r} for t, sp, r in claims]
+        claimed = cast(CursorResult, session.execute(
+            _CLAIM_JSON, {"claims": json.dumps(rows)})).rowcount
+        return claimed == len(claims)
+    spans = OtlpSpan.__table__
+    for top, _seen in trees:  # SQLite is in this process: a statement per run costs little
+        for node in _nodes(top):
+            ids = [node.row.span_id, *(c.span_id for c in node.content)]
+            claimed = cast(CursorResult, session.execute(
+                update(spans)
+                .where(spans.c.trace_id == node.row.trace_id, spans.c.span_id.in_(ids),
+                       spans.c.run_id.is_(None))
+                .values(run_id=node.run_id))).rowcount
+            if claimed != len(ids):
+                return False
+    return True
+
+
+_CLAIM_JSON = text(
+    "UPDATE otlp_span AS s SET run_id = c.run_id "
+    "FROM json_to_recordset(CAST(:claims AS json)) AS c(trace_id text, span_id text, run_id text) "
+    "WHERE s.trace_id = c.trace_id AND s.span_id = c.span_id AND s.run_id IS NULL")
+
+
+def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) -> int | None:
     """Write the trees (each with the number of its trace's spans it was built from) in one
     transaction. 0 when another server recorded one of them first, None when spans of a trace
     arrived since it was read: the caller rebuilds. All or nothing."""
-    agents: dict[str, tuple[str, int]] = {}
-    imported = []
-    with db.write() as s:
-        resolved: dict[tuple, tuple[str, int]] = {}
-        for top, _seen in trees:
-            for node in _nodes(top):
-                agent_id, definition = _definition(node)
-                key = (agent_id, definition.name, definition.model, definition.instructions,
-                       tuple(definition.tools))
-                if key not in resolved:
-                    resolved[key] = _ensure_agent(s, agent_id, definition)
-                agents[node.run_id] = resolved[key]
-        for top, _seen in trees:
-            conversation = mapping.conversation_id(top.row.attributes)
-            for span in top.content:
-                if conversation is not None:
-                    break
-                conversation = mapping.conversation_id(span.attributes)
-            session_id = None
-            if conversation is not None:
-                session_id = _session_for(s, top.row.owner_id, conversation,
-                                          agents[top.run_id][0], top.row.start_at)
-            imported.append(_imported(top, agents, top.row.owner_id, session_id))
+    agents, sessions = _agents_and_sessions(db, trees, known)
+    imported = [_imported(top, agents, top.row.owner_id, sessions.get(top.run_id))
+                for top, _seen in trees]
     importer = BulkImporter(db)
-    batch = importer.prepare(imported)
+    # SQLite: built before the write transaction, whose BEGIN IMMEDIATE holds the write lock.
+    # PostgreSQL: inside it, before the claims take any row lock.
+    batch = None if db.is_postgres else importer.prepare(imported)
     spans = OtlpSpan.__table__
     try:
         with db.write() as s:
-            for top, _seen in trees:
-                for node in _nodes(top):
-                    ids = [node.row.span_id, *(c.span_id for c in node.content)]
-                    claimed = cast(CursorResult, s.execute(
-                        update(spans)
-                        .where(spans.c.trace_id == node.row.trace_id,
-                               spans.c.span_id.in_(ids), spans.c.run_id.is_(None))
-                        .values(run_id=node.run_id)
-                    )).rowcount
-                    if claimed != len(ids):
-                        raise _Lost(0)
+            if batch is None:
+                batch = importer.prepare_in(s, imported)
+            if not _claim(s, trees):
+                raise _Lost(0)
             # Counted after the claims: a span stored by a request that committed before this
             # point is seen here (and the tree is rebuilt with it); one that commits later sees
             # these trees once they are committed, and reports itself as late.
@@ -358,10 +487,11 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]]) -> int | None:
             importer.write_prepared(s, batch)
     except _Lost as lost:
         return lost.args[0]
+    assert batch is not None
     return len(batch.runs)
 
 
-def _tops(rows: list[OtlpSpan], now: datetime, quiet_seconds: float, force: bool) -> list[OtlpSpan]:
+def _tops(rows: list[_Span], now: datetime, quiet_seconds: float, force: bool) -> list[_Span]:
     """The spans of one trace that are ready to be written as root runs."""
     by_id = {r.span_id: r for r in rows}
     quiet = force or max((r.received_at for r in rows), default=now) <= now - timedelta(
@@ -388,14 +518,52 @@ def _tops(rows: list[OtlpSpan], now: datetime, quiet_seconds: float, force: bool
     return tops
 
 
-def _trace_rows(db: Database, trace_ids) -> dict[str, list[OtlpSpan]]:
-    with db.read(primary=True) as s:
-        rows = s.execute(select(OtlpSpan).where(OtlpSpan.trace_id.in_(list(trace_ids)))
-                         ).scalars().all()
-        s.expunge_all()
-    by_trace: dict[str, list[OtlpSpan]] = defaultdict(list)
-    for row in rows:
-        by_trace[row.trace_id].append(row)
+@dataclass(slots=True)
+class _Span:
+    """One ``otlp_span`` row."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    owner_id: str
+    service_name: str
+    name: str
+    start_at: datetime
+    end_at: datetime
+    status_code: int
+    status_message: str | None
+    attributes: dict
+    received_at: datetime
+    run_id: str | None
+
+
+# Who is in a trace and who recorded what: all that _mark_late needs, and the first look of
+# _trace_rows (no attributes to decode).
+_SHAPE = (OtlpSpan.trace_id, OtlpSpan.span_id, OtlpSpan.parent_span_id, OtlpSpan.run_id)
+
+
+def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, list[_Span]]:
+    """The stored spans of these traces (read on the primary: a replica may not have the spans
+    just stored). ``known`` holds rows this request has just stored, by (trace_id, span_id):
+    only their ``run_id`` is read back, not their attributes again."""
+    known = known or {}
+    table = OtlpSpan.__table__
+    shape = s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))).all()
+    unknown = {r.trace_id for r in shape if (r.trace_id, r.span_id) not in known}
+    full = {}
+    if unknown:
+        full = {(r.trace_id, r.span_id): r for r in s.execute(
+            select(table).where(table.c.trace_id.in_(list(unknown))))}
+    by_trace: dict[str, list[_Span]] = defaultdict(list)
+    for r in shape:
+        key = (r.trace_id, r.span_id)
+        found = known.get(key)
+        if found is None:
+            stored = full.get(key)
+            if stored is None:
+                continue  # pruned between the two reads: the recount in _write_trees sees it
+            found = stored._mapping
+        by_trace[r.trace_id].append(_Span(**{**found, "run_id": r.run_id}))
     return by_trace
 
 
@@ -404,13 +572,16 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     """Write every run tree of the trace that is ready; returns how many runs were written."""
     written = 0
     for _attempt in range(5):
-        rows = _trace_rows(db, [trace_id]).get(trace_id, [])
-        tops = _tops(rows, now, quiet_seconds, force)
-        if not tops:
+        with db.read(primary=True) as s:
+            rows = _trace_rows(s, [trace_id]).get(trace_id, [])
+            trees = [(_build(top, rows), len(rows))
+                     for top in _tops(rows, now, quiet_seconds, force)]
+            looked_up = _read_known(s, trees)
+        if not trees:
             break
         stale = False
-        for top in tops:
-            count = _write_trees(db, [(_build(top, rows), len(rows))])
+        for tree in trees:
+            count = _write_trees(db, [tree], looked_up)
             if count is None:
                 stale = True
                 break
@@ -420,20 +591,39 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     return written
 
 
-def process_traces(db: Database, trace_ids: set[str], now: datetime,
-                   quiet_seconds: float) -> int:
+def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_seconds: float,
+                   known: dict | None = None) -> tuple[int, set[str]]:
     """All ready trees of these traces in one transaction; when another server got in the way
-    (a tree claimed, or spans added meanwhile), trace by trace instead."""
-    by_trace = _trace_rows(db, trace_ids)
-    trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
-             for top in _tops(rows, now, quiet_seconds, False)]
-    if not trees:
-        return 0
+    (a tree claimed, or spans added meanwhile), trace by trace instead (re-read in full).
+
+    Returns the runs written and the traces this left with no span waiting and none of
+    ``known`` settled by someone else: ``_mark_late`` has nothing to do for those (a span
+    stored later is its own request's to report)."""
+    with db.read(primary=True) as s:  # one read transaction: the spans, then their agents
+        by_trace = _trace_rows(s, trace_ids, known)
+        trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
+                 for top in _tops(rows, now, quiet_seconds, False)]
+        looked_up = _read_known(s, trees) if trees else None
+    if looked_up is None:
+        return 0, set()
     if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
-        written = _write_trees(db, trees)
+        written = _write_trees(db, trees, looked_up)
         if written:
-            return written
-    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace))
+            return written, _settled(by_trace, trees, known or {})
+    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace)), set()
+
+
+def _settled(by_trace: dict[str, list[_Span]], trees: list[tuple[_Node, int]],
+             known: dict) -> set[str]:
+    """The traces whose every span was claimed by ``trees`` (just committed) or was already
+    settled when read and is not one this request stored."""
+    claimed: dict[str, int] = defaultdict(int)
+    for top, _seen in trees:
+        claimed[top.row.trace_id] += sum(1 + len(node.content) for node in _nodes(top))
+    return {trace_id for trace_id, rows in by_trace.items()
+            if claimed[trace_id] + sum(r.run_id is not None
+                                       and (trace_id, r.span_id) not in known for r in rows)
+            == len(rows)}
 
 
 def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
@@ -445,7 +635,11 @@ def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
     every waiting span under the run it recorded, but counts only its own): those count here,
     so that every span of an export is either recorded or reported as rejected exactly once."""
     late = 0
-    by_trace = _trace_rows(db, trace_ids)
+    table = OtlpSpan.__table__
+    by_trace: dict[str, list] = defaultdict(list)
+    with db.read(primary=True) as s:
+        for row in s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))):
+            by_trace[row.trace_id].append(row)
     marks = []
     for trace_id, spans in by_trace.items():
         by_id = {r.span_id: r for r in spans}
@@ -478,13 +672,24 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
     outcome = ExportOutcome(received=len(spans))
     with db.write() as s:
         now = dialect.now(s)
-        new, refusals = store_spans(s, owner_id, spans, now)
+        rows, refusals = span_rows(owner_id, spans, now)
+        new = store_spans(s, rows)
     outcome.new = len(new)
     outcome.rejected += len(refusals)
     outcome.messages += refusals
     traces = {t for t, _ in new}
     if traces:
-        outcome.runs_written += process_traces(db, traces, now, quiet_seconds)
+        # The rows just stored are handed on rather than read back; a span sent twice in one
+        # export was stored as its first copy.
+        fresh = set(new)
+        known: dict[tuple[str, str], dict] = {}
+        for row in rows:
+            key = (row["trace_id"], row["span_id"])
+            if key in fresh:
+                known.setdefault(key, row)
+        written, settled = process_traces(db, traces, now, quiet_seconds, known)
+        outcome.runs_written += written
+        traces -= settled
     if traces:
         late = _mark_late(db, traces, set(new), force=False)
         if late:
