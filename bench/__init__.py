@@ -1,4 +1,4 @@
-"""The benchmark suite of issue 6: ``python -m bench --db URL --runs N [--quick] [--skip-peer]``.
+"""The benchmark suite: ``python -m bench --db URL --runs N [--quick] [--skip-peer]``.
 
 What it does, in order, in one process:
 

@@ -1,4 +1,4 @@
-"""Owner isolation and role checks (issue 7, rows "authz" and "mass assignment").
+"""Owner isolation and role checks (the guarantees table, docs/guarantees.md: "authz" and "mass assignment").
 
 The authz matrix is generated, not listed by hand: every operation of ``/api/openapi.json`` (plus
 the SSE form of the events route) and every Dash callback of the app's callback map, × the

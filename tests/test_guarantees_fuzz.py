@@ -1,4 +1,4 @@
-"""Hostile input and tampering (issue 7, rows "fuzzing" and "tampering").
+"""Hostile input and tampering (the guarantees table, docs/guarantees.md: "fuzzing" and "tampering").
 
 Fuzzing: schemathesis's own engine (the one its command line runs) tests every operation of
 ``/api/openapi.json`` on a real ``agentledger serve --no-worker`` process, once with an admin

@@ -1,4 +1,4 @@
-"""Issue 7, the rows about idempotency, races, claims, crashes, zombies and false alarms.
+"""The guarantees table (docs/guarantees.md), the rows about idempotency, races, claims, crashes, zombies and false alarms.
 
 Each test tries hard to break one promise of the contract and prints the random seed it uses
 (``GUARANTEE_SEED`` replays it). Figures (CI defaults; ``SOAK=1`` multiplies the counts):

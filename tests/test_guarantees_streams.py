@@ -1,4 +1,4 @@
-"""No gaps in streams (issue 7, row "streams").
+"""No gaps in streams (the guarantees table, docs/guarantees.md: "streams").
 
 A real ``agentledger serve`` on each database. 50 runs × 200 events; each run's event stream is
 read over a raw socket and cut at random byte offsets of the response body (often in the middle

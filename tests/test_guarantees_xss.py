@@ -1,4 +1,4 @@
-"""Agent output is shown inert (issue 7, row "XSS").
+"""Agent output is shown inert (the guarantees table, docs/guarantees.md: "XSS").
 
 A real ``agentledger serve`` (SQLite) holds a run whose answer, deltas, tool output, session
 title and agent name carry ``<script>``, ``javascript:`` links, event-handler attributes and
