@@ -12,9 +12,9 @@ archive lines (``export_trees``) and flushes them before committing the deletion
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, exists, func, insert, select
+from sqlalchemy import CursorResult, delete, exists, func, insert, select
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -146,4 +146,4 @@ def prune_otlp_spans(session: Session, trace_ids: list[str], *, received_before:
         return 0
     result = session.execute(delete(OtlpSpan).where(OtlpSpan.trace_id.in_(trace_ids),
                                                     OtlpSpan.received_at < received_before))
-    return result.rowcount
+    return cast(CursorResult, result).rowcount
