@@ -348,19 +348,12 @@ class Database:
                 with session.begin():
                     yield session
             return
-        try:
+        with self._on_replica(connection):
             with Session(bind=connection, autoflush=False) as session:
                 with session.begin():
                     yield session
                 # A transaction the gate's check began on the connection ends here.
                 connection.commit()
-        except _REPLICA_FAILURES as exc:
-            unavailable = self._replica_failed(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from exc
-        finally:
-            connection.close()
 
     @contextmanager
     def read_latest(self) -> Iterator[Session]:
@@ -382,16 +375,8 @@ class Database:
             with Session(self._autocommit_primary_engine, autoflush=False) as session:
                 yield session
             return
-        try:
-            with Session(bind=connection, autoflush=False) as session:
-                yield session
-        except _REPLICA_FAILURES as exc:
-            unavailable = self._replica_failed(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from exc
-        finally:
-            connection.close()
+        with self._on_replica(connection), Session(bind=connection, autoflush=False) as session:
+            yield session
 
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
@@ -410,8 +395,15 @@ class Database:
         if connection is None:
             with self._autocommit_primary_engine.connect() as primary:
                 return primary.execute(stmt, params or {}).one_or_none()
-        try:
+        with self._on_replica(connection):
             return connection.execute(stmt, params or {}).one_or_none()
+
+    @contextmanager
+    def _on_replica(self, connection) -> Iterator[None]:
+        """Work on a replica connection: a failure of the replica becomes ``ReplicaUnavailable``
+        (and starts the back-off); the connection is closed either way."""
+        try:
+            yield
         except _REPLICA_FAILURES as exc:
             unavailable = self._replica_failed(exc)
             if unavailable is None:
