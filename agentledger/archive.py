@@ -11,6 +11,7 @@ from tqdm import tqdm
 from agentledger.core.archive_format import ArchiveWriter, read_archive, verify_archive
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
+from agentledger.core.event_partitions import drop_empty_partitions
 from ingest.retention import (
     archivable_roots,
     delete_trees,
@@ -51,6 +52,7 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
             bar.update(len(roots))
         # After the trees: an OTLP trace's spans go once its runs have left the live tables.
         spans, traces = _prune_otlp(db, cutoff, batch_size, dry_run)
+        dropped = [] if dry_run else _drop_emptied_partitions(db)
     finally:
         bar.close()
         if writer is not None:
@@ -65,7 +67,15 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
         print(f"nothing ended before {cutoff.isoformat()}; no archive written")
     if not dry_run and spans:
         print(f"pruned {spans} buffered OTLP span(s) of {traces} trace(s)")
+    if dropped:
+        print(f"dropped {len(dropped)} emptied run_event partition(s): {', '.join(dropped)}")
     return 0
+
+
+def _drop_emptied_partitions(db: Database) -> list[str]:
+    """PostgreSQL: past months whose every run is archived give their partition back at once."""
+    with db.write() as s:
+        return drop_empty_partitions(s.connection())
 
 
 def _prune_otlp(db: Database, cutoff: datetime, batch_size: int, dry_run: bool) -> tuple[int, int]:

@@ -34,10 +34,13 @@ def record(*args, **kwargs):
 
 def cmd_db_upgrade(args, settings: Settings) -> int:
     from agentledger.agent_kinds.storage import setup_framework_storage
-    from agentledger.core.migrate import current_revision, upgrade
+    from agentledger.core.migrate import current_revision, ensure_event_partitions, upgrade
 
     upgrade(settings.database_url)
     print(f"database at revision {current_revision(settings.database_url)}")
+    created = ensure_event_partitions(settings.database_url)
+    if created:
+        print(f"run_event partitions created: {', '.join(created)}")
     frameworks = setup_framework_storage(settings.database_url)
     if frameworks:
         print(f"framework tables ready: {', '.join(frameworks)}")

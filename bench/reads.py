@@ -62,7 +62,7 @@ def _cycle(values: list[str]) -> Callable[[], str]:
     return lambda: next(it)
 
 
-def run(db: Database, base_url: str, viewer_token: str, pg: bool, sizes: Sizes) -> list[Row]:
+def run(db: Database, base_url: str | None, viewer_token: str, pg: bool, sizes: Sizes) -> list[Row]:
     import requests
 
     picked = sample(db, max(sizes.point_reads, 50))
@@ -83,7 +83,10 @@ def run(db: Database, base_url: str, viewer_token: str, pg: bool, sizes: Sizes) 
                 fn(s)
         return call
 
-    def h(path_fn) -> Callable[[], None]:
+    def h(path_fn) -> Callable[[], None] | None:
+        if base_url is None:  # in-process reads only (no server started)
+            return None
+
         def call() -> None:
             reply = http.get(base_url + path_fn())
             if reply.status_code != 200:

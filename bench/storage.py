@@ -33,15 +33,23 @@ PROJECTED_EVENTS = 100_000_000
 
 
 def _sizes(conn: psycopg.Connection) -> dict:
+    """Sizes of each table, summed over its partitions (``run_event`` is partitioned on
+    PostgreSQL; a plain table is its own one-row partition tree)."""
     found = {}
     for table in TABLES:
         rows, heap, indexes, total = conn.execute(
-            "SELECT c.reltuples::bigint, pg_relation_size(c.oid), pg_indexes_size(c.oid),"
-            " pg_total_relation_size(c.oid) FROM pg_class c WHERE c.relname = %s", (table,)
+            "SELECT sum(greatest(c.reltuples, 0))::bigint, sum(pg_relation_size(t.relid)),"
+            " sum(pg_indexes_size(t.relid)), sum(pg_total_relation_size(t.relid))"
+            " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf",
+            (table,)
         ).fetchone()
         per_index = conn.execute(
-            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes"
-            " WHERE relname = %s ORDER BY 2 DESC", (table,)
+            "SELECT coalesce(p.relname, i.relname), sum(pg_relation_size(i.oid))"
+            " FROM pg_partition_tree(%s) t JOIN pg_index x ON x.indrelid = t.relid"
+            " JOIN pg_class i ON i.oid = x.indexrelid"
+            " LEFT JOIN pg_inherits h ON h.inhrelid = i.oid"
+            " LEFT JOIN pg_class p ON p.oid = h.inhparent"
+            " WHERE t.isleaf GROUP BY 1 ORDER BY 2 DESC", (table,)
         ).fetchall()
         found[table] = {"rows": rows, "heap": heap, "indexes": indexes, "total": total,
                         "per_index": per_index}

@@ -179,6 +179,17 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
     return truncated
 
 
+def usage_of_runs(where: list):
+    """The usage events of the runs ``where`` selects, by run (a join PostgreSQL prunes per run
+    to the partition holding it)."""
+    return (
+        select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, RunEvent.data)
+        .join(RunEvent, and_(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage"))
+        .where(*where)
+        .order_by(RunEvent.run_id, RunEvent.seq)
+    )
+
+
 def _scan(session: Session, where: list, versions: dict[tuple[str, int], OutcomeSums]) -> None:
     """Add the runs ``where`` selects, one by one (partial-day edges and live runs only)."""
     runs = session.execute(
@@ -196,12 +207,7 @@ def _scan(session: Session, where: list, versions: dict[tuple[str, int], Outcome
     if not runs:
         return
     usage: dict[str, tuple[tuple[str, int], list[dict]]] = {}
-    for r in session.execute(
-        select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, RunEvent.data)
-        .join(RunEvent, and_(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage"))
-        .where(*where)
-        .order_by(RunEvent.run_id, RunEvent.seq)
-    ):
+    for r in session.execute(usage_of_runs(where)):
         usage.setdefault(r.id, ((r.agent_id, r.agent_version), []))[1].append(r.data)
     for key, datas in usage.values():
         versions[key].add_usage(*usage_totals(datas))

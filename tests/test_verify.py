@@ -31,7 +31,7 @@ def unguarded(db):
         if db.is_postgres:
             definition = conn.execute(text(
                 "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
-                "WHERE tgname = 'run_event_append_only'"
+                "WHERE tgname = 'run_event_append_only' AND tgrelid = 'run_event'::regclass"
             )).scalar_one()
             conn.exec_driver_sql("DROP TRIGGER run_event_append_only ON run_event")
         else:

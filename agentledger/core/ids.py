@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import UTC, datetime
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+_ALPHABET_SET = frozenset(_ALPHABET)
 _lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
@@ -36,3 +38,24 @@ def new_id(prefix: str) -> str:
         _last_ms, _last_rand = now_ms, rand
     return f"{prefix}_{_encode(now_ms, 10)}{_encode(rand, 16)}"
 
+
+
+def id_floor(prefix: str, moment: datetime) -> str:
+    """The smallest id of ``prefix`` made at ``moment`` (to the millisecond): every id made at
+    or after it sorts at or after this string, every id made before it sorts before."""
+    ms = int(moment.timestamp() * 1000)
+    return f"{prefix}_{_encode(ms, 10)}"
+
+
+def id_time(value: str) -> datetime | None:
+    """When the id was made, or None if ``value`` is not an id of this layout."""
+    _prefix, sep, body = value.rpartition("_")
+    if not sep or len(body) != 26 or not set(body) <= _ALPHABET_SET:
+        return None
+    ms = 0
+    for char in body[:10]:
+        ms = ms * 32 + _ALPHABET.index(char)
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, ValueError):
+        return None

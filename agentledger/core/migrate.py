@@ -36,6 +36,18 @@ def upgrade(url: str, revision: str = "head") -> None:
     _run(url, command.upgrade, revision)
 
 
+def ensure_event_partitions(url: str) -> list[str]:
+    """PostgreSQL: make this month's and the coming months' ``run_event`` partitions."""
+    from agentledger.core.event_partitions import ensure_partitions
+
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.begin() as connection:
+            return ensure_partitions(connection)
+    finally:
+        engine.dispose()
+
+
 def downgrade(url: str, revision: str) -> None:
     """Take the database back to ``revision`` (for repairs and the migration tests)."""
     _run(url, command.downgrade, revision)

@@ -32,6 +32,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from agentledger.core.event_partitions import is_event_partition
 from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 
 
@@ -76,8 +77,11 @@ naming = {
 
 
 def exists_on(obj, dialect_name: str) -> bool:
-    """False for schema objects declared for other dialects only (``.ddl_if(dialect=…)``);
-    Alembic's comparison uses it as ``include_object``."""
+    """False for schema objects declared for other dialects only (``.ddl_if(dialect=…)``) and
+    for ``run_event``'s partitions (the layout, not tables of the model); Alembic's comparison
+    uses it as ``include_object``."""
+    if isinstance(obj, Table) and is_event_partition(obj.name):
+        return False
     condition = getattr(obj, "_ddl_if", None)
     if condition is None or condition.dialect is None:
         return True
@@ -247,6 +251,8 @@ class RunEvent(Base):
         # without reading every other event of those runs: about one row per run.
         Index("ix_run_event_usage", "run_id", sqlite_where=text("type = 'usage'"),
               postgresql_where=text("type = 'usage'")),
+        # PostgreSQL: one partition per month of run id (agentledger.core.event_partitions).
+        {"postgresql_partition_by": "RANGE (run_id)"},
     )
 
     run_id: Mapped[str] = mapped_column(ForeignKey("agent_run.id"), primary_key=True)

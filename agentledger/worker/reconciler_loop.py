@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.errors import LedgerError
+from agentledger.core.event_partitions import ensure_partitions
 from ingest.otlp import flush_quiet_traces
 from ingest.rate_limits import prune_windows
 from ingest.reconcile import (
@@ -24,6 +26,8 @@ from ingest.reconcile import (
 )
 
 log = logging.getLogger("agentledger.worker.reconciler_loop")
+# Partitions are made months ahead (db upgrade makes them too); hourly is plenty to never miss one.
+PARTITION_CHECK_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,15 @@ class ReconcilerThread(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        partitions_checked = None
         while not self._stop_event.is_set():
+            if partitions_checked is None or time.monotonic() - partitions_checked > PARTITION_CHECK_SECONDS:
+                try:
+                    with self.db.write() as s:
+                        ensure_partitions(s.connection())
+                    partitions_checked = time.monotonic()
+                except Exception:  # noqa: BLE001 - e.g. a lock not granted in time: next period
+                    log.exception("making run_event partitions failed; retrying next period")
             try:
                 reconcile_once(self.db)
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
