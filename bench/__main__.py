@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                      lambda: http_load.run_creation(db, srv.base_url, pg, sizes))
             _guarded(rows, "writes", "event appends",
                      lambda: http_load.appends(db, srv.base_url, pg, sizes))
+            executor = token(db, "bench-otlp", "executor")
+            _guarded(rows, "otlp", "OTLP over HTTP", lambda: [otlp.http_row(
+                srv.base_url, executor, OTLP_BATCHES_QUICK if args.quick else OTLP_BATCHES,
+                args.server_workers)])
             if pg:
                 _guarded(rows, "sse", "SSE PostgreSQL", lambda: [sse.measure(
                     db, srv.port, viewer, "PostgreSQL", sizes, "p50 ≤ 50 ms, p99 ≤ 250 ms",

@@ -133,6 +133,82 @@ class RawAppender:
         self.conn.close()
 
 
+class RawLifecycle(RawRunCreator):
+    """One client's connection living trivial runs through with the minimal statements, the
+    baseline of the end-to-end runs/s: the creation above (run, user message, ``run.queued``),
+    then a claim of the oldest queued run of the agent (``FOR UPDATE SKIP LOCKED``, the run row
+    to running with its lease, ``run.started``), one ``message.delta`` (head compare-and-set and
+    the event), and the completion (head and status, the assistant message, ``run.completed``,
+    and one upsert into each outcome rollup, day and hour): four transactions, hash-chained."""
+
+    def live_one(self) -> None:
+        self.create()
+        with self.conn.transaction():
+            claimed = self.conn.execute(
+                "SELECT id, last_event_hash, session_id, thread_id, created_at FROM agent_run "
+                "WHERE status = 'queued' AND agent_id = %s ORDER BY created_at "
+                "LIMIT 1 FOR UPDATE SKIP LOCKED", (self.agent_id,)).fetchone()
+            if claimed is None:  # another client took ours: it lives that one through
+                return
+            run_id, head, session_id, thread_id, created = claimed
+            now = datetime.now(UTC)
+            lease = now + timedelta(seconds=30)
+            data = {"executor_instance_id": "raw", "lease_expires_at": lease.isoformat()}
+            head = event_hash(head, run_id, 2, "run.started", data, now)
+            self.conn.execute(
+                "UPDATE agent_run SET status = 'running', started_at = %s, executor_instance_id"
+                " = 'raw', lease_expires_at = %s, last_heartbeat_at = %s, last_event_seq = 2,"
+                " last_event_hash = %s WHERE id = %s", (now, lease, now, head, run_id))
+            self._event(run_id, 2, "run.started", data, now, head)
+        now = datetime.now(UTC)
+        data = {"text": "raw"}
+        head = event_hash(head, run_id, 3, "message.delta", data, now)
+        with self.conn.transaction():
+            self.conn.execute(
+                "UPDATE agent_run SET last_event_seq = 3, last_event_hash = %s"
+                " WHERE id = %s AND last_event_seq = 2", (head, run_id))
+            self._event(run_id, 3, "message.delta", data, now, head)
+        now = datetime.now(UTC)
+        message_id = new_id("msg")
+        data = {"final_message_id": message_id}
+        head = event_hash(head, run_id, 4, "run.completed", data, now)
+        latency, wait = (now - created).total_seconds(), 0.0
+        with self.conn.transaction():
+            self.conn.execute(
+                "UPDATE agent_run SET status = 'succeeded', finished_at = %s, final_message_id"
+                " = %s, lease_expires_at = NULL, last_event_seq = 4, last_event_hash = %s"
+                " WHERE id = %s AND last_event_seq = 3", (now, message_id, head, run_id))
+            self.conn.execute(
+                "INSERT INTO message (id, session_id, thread_id, owner_id, role, content, run_id,"
+                " created_at) VALUES (%s, %s, %s, %s, 'assistant', 'raw', %s, %s)",
+                (message_id, session_id, thread_id, self.owner, run_id, now))
+            self._event(run_id, 4, "run.completed", data, now, head)
+            shard = self.n % 16
+            for table, key_column, key in (
+                ("agent_outcome_rollup", "day", created.astimezone(UTC).date()),
+                ("agent_outcome_rollup_hour", "hour", created.astimezone(UTC).replace(minute=0, second=0,
+                                                                       microsecond=0))):
+                self.conn.execute(
+                    f"INSERT INTO {table} (agent_id, agent_version, {key_column}, status, shard,"
+                    " runs, latency_n, latency_sum, latency_min, latency_max, wait_n, wait_sum,"
+                    " wait_min, wait_max, input_tokens, output_tokens, cost_usd, latency_h05,"
+                    " wait_h00) VALUES (%s, %s, %s, 'succeeded', %s, 1, 1, %s, %s, %s, 1, %s,"
+                    " %s, %s, 0, 0, 0, 1, 1) ON CONFLICT (agent_id, agent_version,"
+                    f" {key_column}, status, shard) DO UPDATE SET runs = {table}.runs + 1,"
+                    f" latency_n = {table}.latency_n + 1, latency_sum = {table}.latency_sum +"
+                    f" excluded.latency_sum, latency_max = greatest({table}.latency_max,"
+                    f" excluded.latency_max), wait_n = {table}.wait_n + 1, latency_h05 ="
+                    f" {table}.latency_h05 + 1, wait_h00 = {table}.wait_h00 + 1",
+                    (self.agent_id, self.snapshot["version"], key, shard, latency, latency,
+                     latency, wait, wait, wait))
+
+    def _event(self, run_id: str, seq: int, type_: str, data: dict, at: datetime,
+               chain: str) -> None:
+        self.conn.execute(
+            "INSERT INTO run_event (run_id, seq, type, data, created_at, hash)"
+            " VALUES (%s, %s, %s, %s, %s, %s)", (run_id, seq, type_, Jsonb(data), at, chain))
+
+
 # ---- reads -----------------------------------------------------------------------------------
 
 _RUN_COLUMNS = (

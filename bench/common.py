@@ -287,6 +287,30 @@ class Server:
             stop_process_group(self.proc, grace=20)
         self._log.close()
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU so far of every process of this server (gunicorn master and
+        workers, in-process executor and reconciler threads): its process group."""
+        assert self.proc is not None
+        return process_group_cpu_seconds(self.proc.pid)
+
+
+def process_group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of the live processes in process group ``pgid`` (Linux ``/proc``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        # after "pid (comm)": state ppid pgrp … utime stime (fields 3-4 and 12-13 from here)
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
 
 def stop_process_group(proc: subprocess.Popen, *, grace: float) -> None:
     """SIGTERM the process's group, SIGKILL it if it has not exited after ``grace`` seconds."""

@@ -116,27 +116,32 @@ def run_creation(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Ro
     raw = None
     if pg:
         log(f"run creation: {CLIENTS} raw psycopg clients")
-        from sqlalchemy import select
-
-        from agentledger.core.schema import ChatSession
-        from ingest.runs import agent_snapshot
-
-        creators = []
-        for i in range(CLIENTS):
-            owner = f"bench-raw-{i}"
-            session_id = new_session(db, owner)
-            with db.read() as s:
-                thread_id = s.execute(select(ChatSession.thread_id)
-                                      .where(ChatSession.id == session_id)).scalar_one()
-                snapshot = agent_snapshot(s, BENCH_AGENT)
-            creators.append(baseline.RawRunCreator(libpq(db.url), owner=owner, session_id=session_id,
-                                                   thread_id=thread_id, agent_id=BENCH_AGENT,
-                                                   snapshot=snapshot))
+        creators = raw_clients(db, CLIENTS, baseline.RawRunCreator, "bench-raw")
         raw = run_clients([c.create for c in creators], sizes.write_seconds)
         for c in creators:
             c.close()
     return [_row(f"run creation, {CLIENTS} clients", project, raw,
                  "≥ 0.35 × raw", 0.35)]
+
+
+def raw_clients(db: Database, n: int, kind: type[baseline.RawRunCreator], prefix: str) -> list:
+    """``n`` raw psycopg clients of ``kind``, each with a session of its own owner."""
+    from sqlalchemy import select
+
+    from agentledger.core.schema import ChatSession
+    from ingest.runs import agent_snapshot
+
+    clients = []
+    for i in range(n):
+        owner = f"{prefix}-{i}"
+        session_id = new_session(db, owner)
+        with db.read() as s:
+            thread_id = s.execute(select(ChatSession.thread_id)
+                                  .where(ChatSession.id == session_id)).scalar_one()
+            snapshot = agent_snapshot(s, BENCH_AGENT)
+        clients.append(kind(libpq(db.url), owner=owner, session_id=session_id,
+                            thread_id=thread_id, agent_id=BENCH_AGENT, snapshot=snapshot))
+    return clients
 
 
 def _claim(http, base_url: str, count: int) -> list[str]:

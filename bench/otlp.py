@@ -123,6 +123,94 @@ def measure(url: str, batches: int) -> Measured:
     return Measured(db.engine.dialect.name, batches, runs, fresh, again)
 
 
+def _receiver_process(url: str, first: int, batches: int, barrier, results) -> None:
+    """One receiving process (as one gunicorn worker would be): its own pool, its own traces."""
+    db = Database(url)
+    try:
+        bodies = [batch_body(first + n) for n in range(batches)]
+        with db.write(), db.read(primary=True):
+            pass
+        barrier.wait()
+        started = time.perf_counter()
+        runs = sum(_send(db, body).runs_written for body in bodies)
+        results.put((started, time.perf_counter(), runs))
+    finally:
+        db.dispose()
+
+
+def measure_parallel(url: str, batches: int, processes: int) -> tuple[int, float, int]:
+    """``processes`` receivers at once, ``batches`` new batches each: (spans, wall seconds from
+    the first start to the last end, runs written)."""
+    import multiprocessing
+
+    upgrade(url)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_receiver_process,
+                           args=(url, 1_000_000 + i * batches, batches, barrier, results))
+               for i in range(processes)]
+    for w in workers:
+        w.start()
+    got = [results.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    wall = max(end for _, end, _ in got) - min(start for start, _, _ in got)
+    return BATCH * batches * processes, wall, sum(runs for _, _, runs in got)
+
+
+def measure_http(base_url: str, executor_token: str, batches: int, clients: int,
+                 ) -> tuple[int, float]:
+    """``clients`` exporters at once against a running ``agentledger serve``, each POSTing its
+    own ``batches`` protobuf bodies (built before the clock starts, as an exporter's batch
+    processor has them ready): (spans, wall seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    bodies = [[batch_body(2_000_000 + c * batches + n) for n in range(batches)]
+              for c in range(clients)]
+    headers = {"Authorization": f"Bearer {executor_token}",
+               "Content-Type": "application/x-protobuf"}
+
+    def export(mine: list[bytes]) -> None:
+        with requests.Session() as http:
+            http.get(f"{base_url}/api/health", timeout=10)  # a warm keep-alive connection
+            barrier.wait()
+            for body in mine:
+                reply = http.post(f"{base_url}/api/otel/v1/traces", data=body, headers=headers,
+                                  timeout=60)
+                if reply.status_code != 200 or reply.content:
+                    raise RuntimeError(f"OTLP export answered {reply.status_code}: "
+                                       f"{reply.content[:200]!r}")
+
+    import threading
+
+    barrier = threading.Barrier(clients + 1)
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(export, mine) for mine in bodies]
+        barrier.wait()
+        started = time.perf_counter()
+        for future in futures:
+            future.result()
+        wall = time.perf_counter() - started
+    return BATCH * batches * clients, wall
+
+
+def http_row(base_url: str, executor_token: str, batches: int, clients: int) -> Row:
+    """The deployment's figure: OTLP/HTTP exports to ``serve`` (one gunicorn worker per CPU),
+    as many exporters at once as it has workers."""
+    spans, wall = measure_http(base_url, executor_token, batches, clients)
+    rate = round(spans / wall, 1)
+    return Row("otlp", f"OTLP/HTTP export to serve, {clients} exporters, batches of {BATCH} "
+               "(spans/s)", "spans/s", rate, None, None,
+               {"clients": clients, "batches_each": batches, "spans": spans,
+                "seconds": round(wall, 3)},
+               f"≥ {TARGET_SPANS_PER_SECOND:,} spans/s",
+               "pass" if rate >= TARGET_SPANS_PER_SECOND else "miss",
+               f"{clients} exporters × {batches} protobuf POSTs to /api/otel/v1/traces, "
+               f"{BATCH // PER_TRACE} runs written per batch; {spans:,} spans in {wall:.2f} s")
+
+
 # ---- the raw baseline ------------------------------------------------------------------------
 
 _RAW_COLUMNS = ("trace_id", "span_id", "parent_span_id", "owner_id", "service_name", "name",
@@ -249,8 +337,36 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.otlp", description=__doc__)
     p.add_argument("--db", default=None, help="database URL (default: a fresh SQLite file)")
     p.add_argument("--batches", type=int, default=10)
+    p.add_argument("--processes", type=int, default=1,
+                   help="receiving processes at once (like `serve --workers N`); with more "
+                        "than one, the aggregate rate of new spans only")
+    p.add_argument("--http", action="store_true",
+                   help="export over HTTP to an `agentledger serve --workers PROCESSES` this "
+                        "command starts, PROCESSES exporters at once")
     args = p.parse_args(argv)
     url = args.db or f"sqlite:///{tempfile.mkdtemp()}/otlp-bench.db"
+    if args.http:
+        from pathlib import Path
+
+        from bench.common import Server, token
+
+        upgrade(url)
+        db = Database(url)
+        try:
+            executor = token(db, "otlp-bench", "executor")
+        finally:
+            db.dispose()
+        with Server(url, Path(tempfile.mkdtemp()), workers=args.processes,
+                    name="serve-otlp") as srv:
+            row = http_row(srv.base_url, executor, args.batches, args.processes)
+        print(f"{row.name}: {row.project:,.0f} spans/s ({row.note})")
+        return 0
+    if args.processes > 1:
+        spans, wall, runs = measure_parallel(url, args.batches, args.processes)
+        print(f"{args.processes} receiving processes × {args.batches} batches of {BATCH} spans "
+              f"({runs} runs written): {spans / wall:,.0f} spans/s in all "
+              f"({spans:,} spans in {wall:.2f} s)")
+        return 0
     got = measure(url, args.batches)
     print(f"database: {got.database}; {args.batches} batches of {BATCH} spans "
           f"({got.runs} runs written)")
