@@ -100,15 +100,16 @@ NOT_REDACTED = frozenset({"run.queued", "run.started", "run.child_created", "run
 _ENDING = frozenset(e for e, to in EVENT_TARGET.items() if to in TERMINAL)
 
 
+_PARENT_OF = select(AgentRun.parent_run_id).where(AgentRun.id == bindparam("run_id"))
+
+
 def lock_run_and_parent(session: Session, run_id: str):
     """Lock the parent (whose ``run.child_finished`` an ending child appends), then the run.
 
     Every writer locks ancestors before descendants, so two transactions never wait on each
     other in opposite orders.
     """
-    parent = session.execute(
-        select(AgentRun.parent_run_id).where(AgentRun.id == run_id)
-    ).scalar_one_or_none()
+    parent = session.execute(_PARENT_OF, {"run_id": run_id}).scalar_one_or_none()
     if parent:
         lock_run(session, parent)
     return lock_run(session, run_id)
@@ -116,6 +117,7 @@ def lock_run_and_parent(session: Session, run_id: str):
 
 _EVENT_COLUMNS = ("run_id", "seq", "type", "data", "created_at", "hash")
 _INSERT_EVENT = insert(RunEvent.__table__)
+_INSERT_MESSAGE = insert(Message.__table__)
 
 
 def _insert_events(session: Session, rows: list[tuple]) -> None:
@@ -131,12 +133,13 @@ def _insert_events(session: Session, rows: list[tuple]) -> None:
     ])
 
 
+_DELTAS_OF = (select(RunEvent.data)
+              .where(RunEvent.run_id == bindparam("run_id"), RunEvent.type == "message.delta")
+              .order_by(RunEvent.seq))
+
+
 def _delta_text(session: Session, run_id: str) -> str:
-    rows = session.execute(
-        select(RunEvent.data)
-        .where(RunEvent.run_id == run_id, RunEvent.type == "message.delta")
-        .order_by(RunEvent.seq)
-    ).scalars()
+    rows = session.execute(_DELTAS_OF, {"run_id": run_id}).scalars()
     return "".join(str(d.get("text", "")) for d in rows)
 
 
@@ -192,18 +195,10 @@ def append_events(
             # Joined deltas may form a value no single delta held.
             content = redactor.text(content)
             final_message_id = new_id("msg")
-            session.execute(
-                insert(Message).values(
-                    id=final_message_id,
-                    session_id=run.session_id,
-                    thread_id=run.thread_id,
-                    owner_id=run.owner_id,
-                    role="assistant",
-                    content=content,
-                    run_id=run_id,
-                    created_at=now,
-                )
-            )
+            session.execute(_INSERT_MESSAGE, {
+                "id": final_message_id, "session_id": run.session_id,
+                "thread_id": run.thread_id, "owner_id": run.owner_id, "role": "assistant",
+                "content": content, "run_id": run_id, "created_at": now})
             item.data["final_message_id"] = final_message_id
         values.update(row_changes(item.type, item.data, now, lease=lease))
 

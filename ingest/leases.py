@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, select, tuple_, update
+from sqlalchemy import and_, bindparam, exists, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -55,7 +55,7 @@ _OTHER_RUN = aliased(AgentRun, name="other_run")
 _EARLIER_RUN = aliased(AgentRun, name="earlier_run")
 
 
-def claimable_runs_query(max_runs: int):
+def claimable_runs_query(max_runs):
     """Queued runs that are first in line on their thread and whose thread has no active run."""
     other, earlier = _OTHER_RUN, _EARLIER_RUN
     return (
@@ -76,6 +76,19 @@ def claimable_runs_query(max_runs: int):
     )
 
 
+_CLAIM_STATEMENTS: dict[str, Any] = {}
+
+
+def _claim_statement(session: Session):
+    # Built once per dialect: every claim loop turn runs it, and building it (two correlated
+    # subqueries) and walking it for SQLAlchemy's cache key cost more than the claim's SQL.
+    key = dialect.name(session)
+    if key not in _CLAIM_STATEMENTS:
+        _CLAIM_STATEMENTS[key] = dialect.for_update(
+            claimable_runs_query(bindparam("max_runs")), session, skip_locked=True)
+    return _CLAIM_STATEMENTS[key]
+
+
 def claim_runs(
     session: Session, executor_instance_id: str, *, max_runs: int = 1, lease_seconds: float = 30
 ) -> list[ClaimedRun]:
@@ -87,9 +100,7 @@ def claim_runs(
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
-    ids = session.execute(
-        dialect.for_update(claimable_runs_query(max_runs), session, skip_locked=True)
-    ).scalars().all()
+    ids = session.execute(_claim_statement(session), {"max_runs": max_runs}).scalars().all()
     # After the claimable rows were chosen: a run's start is never stamped before the end of
     # the previous run of its thread, which that choice depended on.
     now = dialect.now(session)

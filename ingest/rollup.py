@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -133,12 +133,14 @@ def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> 
     batch.write(session)
 
 
+_USAGE_OF = (select(RunEvent.data)
+             .where(RunEvent.run_id == bindparam("run_id"), RunEvent.type == "usage")
+             .order_by(RunEvent.seq))
+
+
 def run_usage(session: Session, run_id: str) -> tuple[int, int, float | None]:
     """Tokens and cost of the run's stored ``usage`` events (a primary-key range read)."""
-    return usage_totals(session.execute(
-        select(RunEvent.data).where(RunEvent.run_id == run_id, RunEvent.type == "usage")
-        .order_by(RunEvent.seq)
-    ).scalars())
+    return usage_totals(session.execute(_USAGE_OF, {"run_id": run_id}).scalars())
 
 
 def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:

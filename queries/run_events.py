@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from agentledger.core.schema import AgentRun, RunEvent
@@ -36,12 +36,24 @@ def event_dict(row) -> dict[str, Any]:
     return {"seq": row.seq, "type": row.type, "data": row.data, "created_at": iso(row.created_at)}
 
 
+# Built once: an event stream re-reads the head and the next events after every notification,
+# and a statement built per call costs more Python than the read itself (construction and
+# SQLAlchemy's cache key walk of the visibility subquery); a constant one memoizes its key.
+_HEAD = select(AgentRun.status, AgentRun.last_event_seq).where(AgentRun.id == bindparam("run_id"))
+_VISIBLE_HEAD = _HEAD.where(run_visible_to(bindparam("owner_id")))
+_EVENTS_AFTER = (
+    select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
+    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.seq > bindparam("after_seq"))
+    .order_by(RunEvent.seq)
+    .limit(bindparam("limit"))
+)
+
+
 def run_head(session: Session, run_id: str, *, visible_to: str | None = None):
     """(status, last_event_seq) of a run the caller may see, else None."""
-    stmt = select(AgentRun.status, AgentRun.last_event_seq).where(AgentRun.id == run_id)
-    if visible_to is not None:
-        stmt = stmt.where(run_visible_to(visible_to))
-    return session.execute(stmt).one_or_none()
+    if visible_to is None:
+        return session.execute(_HEAD, {"run_id": run_id}).one_or_none()
+    return session.execute(_VISIBLE_HEAD, {"run_id": run_id, "owner_id": visible_to}).one_or_none()
 
 
 def events_page(
@@ -58,11 +70,7 @@ def events_page(
     if head is None:
         return None
     rows = session.execute(
-        select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
-        .where(RunEvent.run_id == run_id, RunEvent.seq > after_seq)
-        .order_by(RunEvent.seq)
-        .limit(limit)
-    ).all()
+        _EVENTS_AFTER, {"run_id": run_id, "after_seq": after_seq, "limit": limit}).all()
     events = [event_dict(r) for r in rows]
     next_after = events[-1]["seq"] if events else after_seq
     terminal = head.status in TERMINAL and next_after >= head.last_event_seq
