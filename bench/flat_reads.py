@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"measuring reads at {held:,} runs, {found['events']:,} events")
         stages.append({"runs": held, "load": load, "storage": found,
                        "reads": measure(args.db, sizes)})
+        log("p95 at this size: " + "; ".join(f"{name} {ms:.1f} ms"
+                                             for name, ms in stages[-1]["reads"].items()))
     lines = [f"# Flat reads, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "",
              f"`python -m bench.flat_reads --sizes {args.sizes}` (in-process `queries` reads, "
              f"p95 of {sizes.point_reads} point / {sizes.list_reads} list / "

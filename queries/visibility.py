@@ -24,11 +24,12 @@ _ROOT_RUN = aliased(AgentRun, name="root_run")
 Kind = Literal["run", "session", "message"]
 
 
-def run_visible_to(owner_id: str):
+def run_visible_to(owner_id: str | ColumnElement[str]):
     """SQL condition: the run is this owner's and its root run's session was not deleted.
 
     A deleted session disappears for its owner together with its runs (child runs included);
-    viewers and admins still see everything (they pass no owner).
+    viewers and admins still see everything (they pass no owner). ``owner_id`` may be a bound
+    parameter of a statement built once.
     """
     root = _ROOT_RUN
     return and_(

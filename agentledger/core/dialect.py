@@ -129,6 +129,7 @@ def upsert_adding(
         # dates and aware datetimes, which psycopg adapts exactly as SQLAlchemy would pass them.
         sql, order = _raw_adding_statement(*shape)
         raw = session.connection().connection.driver_connection
+        assert raw is not None
         with psycopg.RawCursor(raw) as cursor:
             params = [tuple(row[column] for column in order) for row in rows]
             if len(params) == 1:
@@ -143,7 +144,7 @@ def upsert_adding(
 @functools.lru_cache(maxsize=64)
 def _raw_adding_statement(table: Table, columns: tuple[str, ...], key_columns: tuple[str, ...],
                           least: tuple[str, ...], greatest: tuple[str, ...]
-                          ) -> tuple[str, tuple[str, ...]]:
+                          ) -> tuple[bytes, tuple[str, ...]]:
     """The PostgreSQL upsert as text with ``$n`` parameters, and the column of each ``$n``."""
     from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
@@ -151,7 +152,7 @@ def _raw_adding_statement(table: Table, columns: tuple[str, ...], key_columns: t
     compiled = stmt.compile(dialect=psycopg_dialect.dialect(paramstyle="numeric_dollar"),
                             column_keys=list(columns))
     assert compiled.positiontup is not None
-    return str(compiled), tuple(compiled.positiontup)
+    return str(compiled).encode(), tuple(compiled.positiontup)
 
 
 @functools.lru_cache(maxsize=64)

@@ -139,10 +139,10 @@ def drop_empty_partitions(conn: Connection, *, now: datetime | None = None) -> l
     that range arriving anyway (a clock far behind) lands in the default partition."""
     if not is_partitioned(conn):
         return []
-    current = month_partition(now or datetime.now(UTC))
+    current = id_floor("run", month_start(now or datetime.now(UTC)))
     dropped = []
     for partition in partitions(conn):
-        if partition.upper is None or partition.upper > current.lower:
+        if partition.upper is None or partition.upper > current:
             continue
         if conn.exec_driver_sql(f"SELECT 1 FROM {partition.name} LIMIT 1").first() is not None:
             continue
