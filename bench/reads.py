@@ -47,9 +47,14 @@ def sample(db: Database, k: int = 200) -> Samples:
         def ids(sql: str) -> list[str]:
             return [r[0] for r in s.execute(text(sql), {"k": k}).all()]
 
-        messages = ids("SELECT id FROM message WHERE role = 'assistant' ORDER BY random() LIMIT :k")
-        runs = ids("SELECT id FROM agent_run WHERE last_event_seq >= 5 ORDER BY random() LIMIT :k")
-        trees = ids("SELECT id FROM agent_run WHERE parent_run_id IS NOT NULL"
+        # Random pages (TABLESAMPLE), not ORDER BY random(): that sorts the whole table, which
+        # at 5M runs outlasts the read statement timeout.
+        sampled = "TABLESAMPLE SYSTEM (1)" if db.is_postgres else ""
+        messages = ids(f"SELECT id FROM message {sampled} WHERE role = 'assistant' "
+                       "ORDER BY random() LIMIT :k")
+        runs = ids(f"SELECT id FROM agent_run {sampled} WHERE last_event_seq >= 5 "
+                   "ORDER BY random() LIMIT :k")
+        trees = ids(f"SELECT id FROM agent_run {sampled} WHERE parent_run_id IS NOT NULL"
                     " ORDER BY random() LIMIT :k")
         top = s.execute(text("SELECT agent_id, count(*) FROM agent_run GROUP BY agent_id"
                              " ORDER BY count(*) DESC LIMIT 1")).first()
