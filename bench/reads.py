@@ -47,15 +47,21 @@ def sample(db: Database, k: int = 200) -> Samples:
         def ids(sql: str) -> list[str]:
             return [r[0] for r in s.execute(text(sql), {"k": k}).all()]
 
-        # Random pages (TABLESAMPLE), not ORDER BY random(): that sorts the whole table, which
-        # at 5M runs outlasts the read statement timeout.
-        sampled = "TABLESAMPLE SYSTEM (1)" if db.is_postgres else ""
-        messages = ids(f"SELECT id FROM message {sampled} WHERE role = 'assistant' "
-                       "ORDER BY random() LIMIT :k")
-        runs = ids(f"SELECT id FROM agent_run {sampled} WHERE last_event_seq >= 5 "
-                   "ORDER BY random() LIMIT :k")
-        trees = ids(f"SELECT id FROM agent_run {sampled} WHERE parent_run_id IS NOT NULL"
-                    " ORDER BY random() LIMIT :k")
+        def sampled(table: str, where: str) -> list[str]:
+            # Random pages first (TABLESAMPLE): ORDER BY random() sorts the whole table, which
+            # at 5M runs outlasts the read statement timeout. A small table may give too few
+            # rows that way, and is cheap to sort.
+            found = []
+            if db.is_postgres:
+                found = ids(f"SELECT id FROM {table} TABLESAMPLE SYSTEM (1) WHERE {where} "
+                            "ORDER BY random() LIMIT :k")
+            if len(found) < k:
+                found = ids(f"SELECT id FROM {table} WHERE {where} ORDER BY random() LIMIT :k")
+            return found
+
+        messages = sampled("message", "role = 'assistant'")
+        runs = sampled("agent_run", "last_event_seq >= 5")
+        trees = sampled("agent_run", "parent_run_id IS NOT NULL")
         top = s.execute(text("SELECT agent_id, count(*) FROM agent_run GROUP BY agent_id"
                              " ORDER BY count(*) DESC LIMIT 1")).first()
     return Samples(messages or ["none"], runs or ["none"], trees or runs or ["none"],
