@@ -8,6 +8,7 @@ a half-imported run.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from datetime import UTC, datetime, timedelta
@@ -158,10 +159,20 @@ def _all_versions_registered(db: Database, start: datetime, days: int) -> Versio
     return VersionTimeline(since)
 
 
+def _default_workers(db: Database) -> int:
+    if db.url.startswith("sqlite") and ":memory:" in db.url:
+        return 0
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
 def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None = None,
               progress: bool = False, now: datetime | None = None,
-              batch_runs: int = 2000) -> ImportReport:
-    """Synthetic history written by the bulk import (see ``agentledger.demo_history``)."""
+              batch_runs: int = 2000, workers: int | None = None) -> ImportReport:
+    """Synthetic history written by the bulk import (see ``agentledger.demo_history``).
+
+    ``workers``: processes preparing batches while this one generates and writes; by default
+    one per CPU beyond the first (up to 4), none on a one-CPU machine or an in-memory
+    database."""
     if runs < 1 or days < 1:
         raise ValueError("runs and days must be at least 1")
     now = now or datetime.now(UTC)
@@ -172,7 +183,8 @@ def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None
         history = synthetic_history(runs=runs, start=start, days=days, versions=timeline, seed=seed)
         with tqdm(total=runs, unit="run", desc="demo seed (bulk)", disable=not progress,
                   file=sys.stderr) as bar:
-            return bulk_import(db, history, batch_runs=batch_runs, progress=bar.update)
+            return bulk_import(db, history, batch_runs=batch_runs, progress=bar.update,
+                               workers=_default_workers(db) if workers is None else workers)
     finally:
         db.dispose()
 

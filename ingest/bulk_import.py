@@ -17,14 +17,22 @@ transaction.
 
 A refused history raises before its batch writes anything; batches before it stay committed.
 Imported runs are always terminal, so a live worker never sees (or claims) one.
+
+Checking and building a batch is Python work (validation, canonical JSON, the hash chain), and
+writing it is mostly the database's. ``workers=N`` prepares batches in N other processes while
+this one writes them, in order, each in its own transaction: the rows are exactly those the
+in-process path builds. Without workers a helper thread prepares the next batch (the GIL lets
+that overlap only with the database's share of the work).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -166,12 +174,18 @@ class BulkImporter:
     """Writes ``ImportedRun`` trees in batches (see the module docstring)."""
 
     def __init__(self, db: Database, *, batch_runs: int = DEFAULT_BATCH_RUNS,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], object] | None = None, workers: int = 0):
         if batch_runs < 1:
             raise ValueError("batch_runs must be at least 1")
+        if workers < 0:
+            raise ValueError("workers must be 0 or more")
+        if workers and db.url.startswith("sqlite") and ":memory:" in db.url:
+            raise ValueError("an in-memory SQLite database cannot be prepared for in other "
+                             "processes; use workers=0")
         self.db = db
         self.batch_runs = batch_runs
         self.progress = progress
+        self.workers = workers
         self._snapshots: dict[tuple[str, int], tuple[dict, str]] = {}
         self._sessions_written: set[str] = set()
         self._existing_sessions: dict[str, tuple[str, str]] = {}
@@ -456,26 +470,35 @@ class BulkImporter:
         if self.progress is not None:
             self.progress(batch.root_runs)
 
-    def _batches(self, trees: Iterable[ImportedRun]) -> Iterator[_Batch]:
+    def _groups(self, trees: Iterable[ImportedRun]) -> Iterator[list[ImportedRun]]:
         pending: list[ImportedRun] = []
         size = 0
         for tree in trees:
             pending.append(tree)
             size += _tree_size(tree)
             if size >= self.batch_runs:
-                yield self._prepare(pending)
+                yield pending
                 pending, size = [], 0
         if pending:
-            yield self._prepare(pending)
+            yield pending
+
+    def _batches(self, trees: Iterable[ImportedRun]) -> Iterator[_Batch]:
+        for group in self._groups(trees):
+            yield self._prepare(group)
 
     def run(self, trees: Iterable[ImportedRun]) -> ImportReport:
-        """Prepare batch n+1 in a helper thread while batch n is written.
-
-        Writing is mostly waiting for the database (the GIL is released meanwhile), so checking,
-        hashing and serialising the next batch overlap with it. A refused history stops the
-        import before its batch is written; batches before it are committed.
-        """
+        """Write the trees' batches in order; a refused history stops the import before its
+        batch is written (batches before it are committed)."""
         started = time.perf_counter()
+        if self.workers:
+            self._run_with_processes(trees)
+        else:
+            self._run_with_thread(trees)
+        self.report.seconds = time.perf_counter() - started
+        return self.report
+
+    def _run_with_thread(self, trees: Iterable[ImportedRun]) -> None:
+        """Prepare batch n+1 in a helper thread while batch n is written."""
         batches = self._batches(trees)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulk-import") as pool:
             upcoming = pool.submit(next, batches, None)
@@ -490,8 +513,64 @@ class BulkImporter:
                     upcoming.cancel()
                     _drain(upcoming)
                     raise
-        self.report.seconds = time.perf_counter() - started
-        return self.report
+
+    def _run_with_processes(self, trees: Iterable[ImportedRun]) -> None:
+        """Up to ``workers + 1`` batches are being prepared while one is written. A session
+        (``ImportedSession``) is written by the first batch that uses it: this process, which
+        sees the batches in order, tells each worker which of its sessions earlier batches
+        wrote."""
+        # spawn, not fork: this process holds open database connections and maybe threads
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
+                                   initargs=(self.db.url, self.db.redactor.rules))
+        upcoming: deque[Future] = deque()
+        groups = self._groups(trees)
+        try:
+            while True:
+                while len(upcoming) <= self.workers:
+                    group = next(groups, None)
+                    if group is None:
+                        break
+                    upcoming.append(pool.submit(_prepare_in_worker, group,
+                                                self._sessions_before(group)))
+                if not upcoming:
+                    break
+                self._commit(upcoming.popleft().result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _sessions_before(self, group: list[ImportedRun]) -> set[str]:
+        """The ids of the group's new sessions that earlier groups already carry (and so
+        write); the group's other new sessions are counted as written from now on."""
+        earlier = set()
+        for tree in group:
+            if isinstance(tree.session, ImportedSession):
+                if tree.session.id in self._sessions_written:
+                    earlier.add(tree.session.id)
+        for tree in group:
+            if isinstance(tree.session, ImportedSession):
+                self._sessions_written.add(tree.session.id)
+        return earlier
+
+
+# One importer per worker process, made by ``_start_worker``: it keeps the agent versions and
+# existing sessions it has looked up, as the in-process importer does.
+_worker_importer: BulkImporter | None = None
+
+
+def _start_worker(url: str, rules: tuple) -> None:
+    global _worker_importer
+    _worker_importer = BulkImporter(Database(url, redaction_rules=rules))
+
+
+def _prepare_in_worker(group: list[ImportedRun], sessions_written: set[str]) -> _Batch:
+    importer = _worker_importer
+    assert importer is not None, "the pool's initializer makes the importer"
+    importer._sessions_written = sessions_written
+    batch = importer._prepare(group)
+    if importer.db.is_postgres:  # COPY writes the text only: the parsed data need not travel
+        batch.events = [row[:6] for row in batch.events]
+    return batch
 
 
 def _drain(future) -> None:
@@ -508,14 +587,18 @@ def _tree_size(run: ImportedRun) -> int:
 
 def bulk_import(db: Database, runs: Iterable[ImportedRun], *,
                 batch_runs: int = DEFAULT_BATCH_RUNS,
-                progress: Callable[[int], None] | None = None) -> ImportReport:
+                progress: Callable[[int], object] | None = None,
+                workers: int = 0) -> ImportReport:
     """Import root runs (each with its child runs) in batches of about ``batch_runs`` runs.
 
     ``progress`` is called after each committed batch with the number of root runs it held.
+    ``workers``: processes that prepare batches while this one writes (the trees are sent to
+    them, so they must be picklable, as the dataclasses here are).
     A written session (``ImportedSession``) is remembered by this call only: pass its id as a
     string in later calls.
     """
-    return BulkImporter(db, batch_runs=batch_runs, progress=progress).run(runs)
+    return BulkImporter(db, batch_runs=batch_runs, progress=progress,
+                        workers=workers).run(runs)
 
 
 def iter_runs(trees: Iterable[ImportedRun]) -> Iterator[ImportedRun]:

@@ -11,11 +11,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 from support.factories import claim, make_agent, make_session
-from support.ledger import assert_run_invariants, counts, events, message_row, run_row
+from support.ledger import (
+    assert_run_invariants,
+    counts,
+    events,
+    fresh_database,
+    message_row,
+    run_row,
+)
 from support.rollup import assert_rollup_matches_scan
 
 from agentledger import demo
 from agentledger.core.config import Settings
+from agentledger.core.database import Database
 from agentledger.core.errors import (
     CancelRequested,
     IllegalTransition,
@@ -25,6 +33,7 @@ from agentledger.core.errors import (
     ValidationFailed,
 )
 from agentledger.core.hashing import GENESIS_HASH, event_hash
+from agentledger.core.migrate import upgrade
 from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
 from agentledger.demo_history import synthetic_history
 from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import, iter_runs
@@ -249,3 +258,62 @@ def test_demo_seed_takes_the_bulk_path_for_large_n(db, monkeypatch):
     assert demo.seed(Settings(database_url=db.url), runs=30, days=5, seed=3) == 30
     assert describe(db)["roots"] == 70
     assert_rollup_matches_scan(db)
+
+
+def _stored_shape(db) -> dict:
+    """What an import stored, without the ids it generated (message and thread ids, and the
+    hashes and final_message_id that name them)."""
+    with db.read() as session:
+        runs = sorted(session.execute(select(
+            AgentRun.id, AgentRun.status, AgentRun.last_event_seq, AgentRun.session_id,
+            AgentRun.parent_run_id, AgentRun.agent_version, AgentRun.created_at,
+            AgentRun.finished_at)).all())
+        event_types = sorted(session.execute(select(RunEvent.run_id, RunEvent.seq, RunEvent.type,
+                                                    RunEvent.created_at)).all())
+        sessions = sorted(session.execute(select(ChatSession.id, ChatSession.owner_id,
+                                                 ChatSession.agent_id)).all())
+        roles = Counter(session.execute(select(Message.role)).scalars())
+    return {"runs": runs, "events": event_types, "sessions": sessions, "roles": roles}
+
+
+@pytest.mark.slow  # starts worker processes (spawned: about a second each)
+def test_batches_prepared_in_worker_processes_store_what_one_process_does(db, tmp_path):
+    """Sessions that span batches are written once, by their first batch; chains verify, the
+    rollup matches a scan, and the stored rows are those of the in-process path."""
+    start = T - timedelta(days=2)
+    with fresh_database(db.dialect, tmp_path) as other_url:
+        upgrade(other_url)
+        one_process = Database(other_url)
+        try:
+            timeline = demo._all_versions_registered(db, start, 2)
+            demo._all_versions_registered(one_process, start, 2)
+            trees = list(synthetic_history(runs=300, start=start, days=2, versions=timeline,
+                                           seed=8))
+            sessions = Counter(t.session.id for t in trees)
+            assert max(sessions.values()) > 1  # sessions are shared by several runs
+            report = bulk_import(db, trees, batch_runs=60, workers=2)
+            bulk_import(one_process, trees, batch_runs=60)
+            assert report.batches >= 5
+            assert _stored_shape(db) == _stored_shape(one_process)
+        finally:
+            one_process.dispose()
+    with db.read() as session:
+        assert verify_chains(session).ok
+    assert_rollup_matches_scan(db)
+
+
+@pytest.mark.slow
+def test_a_history_refused_in_a_worker_stops_the_import_with_its_error(agents):
+    db = agents
+    good = [answered_run(ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-1)),
+                         at=n) for n in range(4)]
+    bad = ImportedRun(agent_id="alpha", agent_version=9, input="x", created_at=s(30),
+                      events=[started(31), ev("run.completed", {}, 32)],
+                      session=ImportedSession(owner_id="bob", agent_id="alpha", created_at=s(29)))
+    later = [answered_run(ImportedSession(owner_id="carol", agent_id="alpha", created_at=s(40)),
+                          at=41 + n) for n in range(4)]
+    with pytest.raises(UnknownAgent, match="version 9"):
+        bulk_import(db, [*good, bad, *later], batch_runs=2, workers=1)
+    with db.read() as session:
+        stored = set(session.execute(select(AgentRun.id)).scalars())
+    assert stored == {run.id for run in good}  # the batches before it, none after

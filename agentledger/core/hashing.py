@@ -19,9 +19,14 @@ from agentledger.core.errors import ValidationFailed
 GENESIS_HASH = "0" * 64
 
 
+# What ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` builds
+# on every call, built once: the same text, without constructing an encoder per value.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """Key-sorted, whitespace-free, UTF-8 JSON: the same value always gives the same text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def sha256_hex(text: str) -> str:
@@ -59,7 +64,7 @@ def event_hash_of_json(
         '{"created_at":"' + timestamp_text(created_at)  # digits and punctuation: no escaping
         + '","data":' + data_json
         + ',"run_id":' + _json_text(run_id)
-        + ',"seq":' + canonical_json(seq)
+        + ',"seq":' + (str(seq) if type(seq) is int else canonical_json(seq))
         + ',"type":' + _json_text(type_) + "}"
     )
     return sha256_hex(previous_hash + "\n" + body)
