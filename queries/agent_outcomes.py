@@ -13,14 +13,29 @@ per day is ``queries.outcome_trend``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    select,
+    true,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import FLOAT as PG_FLOAT
 from sqlalchemy.orm import Session
 
 from agentledger.core.outcome_histogram import (
     BUCKETS,
+    EDGES,
     LATENCY_COLUMNS,
     WAIT_COLUMNS,
     estimate_percentiles,
@@ -33,8 +48,10 @@ from queries.outcome_windows import (
     H,
     R,
     Split,
-    hour_where,
-    rollup_where,
+    bound_hour_where,
+    bound_rollup_where,
+    hour_params,
+    rollup_params,
     run_conditions,
     split_window,
 )
@@ -144,6 +161,18 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+@functools.cache
+def _rollup_query(daily: bool, bound: tuple[str, ...]):
+    """The sums of one rollup table for windows whose set bounds are ``bound``, built once:
+    the statement has ~140 columns, and building it for every read cost more than running it."""
+    table, where = (R, bound_rollup_where) if daily else (H, bound_hour_where)
+    columns, runs = _sums(table)
+    return (select(*columns).where(*where(bound))
+            .group_by(table.agent_id, table.agent_version, table.status)
+            .order_by(runs.desc(), table.agent_id, table.agent_version, table.status)
+            .limit(bindparam("row_limit")))
+
+
 def _from_rollup(session: Session, split: Split, agent_id: str | None,
                  versions: dict[tuple[str, int], OutcomeSums], row_limit: int) -> bool:
     """Whole days from the day rollup, whole hours of the partial days from the hour rollup.
@@ -151,18 +180,14 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
     returns True when some were left out."""
     queries = []
     if split.has_days:
-        columns, runs = _sums(R)
-        queries.append(select(*columns).where(*rollup_where(split, agent_id))
-                       .group_by(R.agent_id, R.agent_version, R.status)
-                       .order_by(runs.desc(), R.agent_id, R.agent_version, R.status))
+        params = rollup_params(split, agent_id)
+        queries.append((_rollup_query(True, tuple(sorted(params))), params))
     if split.hours:
-        columns, runs = _sums(H)
-        queries.append(select(*columns).where(*hour_where(split, agent_id))
-                       .group_by(H.agent_id, H.agent_version, H.status)
-                       .order_by(runs.desc(), H.agent_id, H.agent_version, H.status))
+        params = hour_params(split, agent_id)
+        queries.append((_rollup_query(False, tuple(sorted(params))), params))
     truncated = False
-    for query in queries:
-        found = session.execute(query.limit(row_limit + 1)).all()
+    for query, params in queries:
+        found = session.execute(query, {**params, "row_limit": row_limit + 1}).all()
         truncated = truncated or len(found) > row_limit
         for r in found[:row_limit]:
             h = 16
@@ -191,7 +216,15 @@ def usage_of_runs(where: list):
 
 
 def _scan(session: Session, where: list, versions: dict[tuple[str, int], OutcomeSums]) -> None:
-    """Add the runs ``where`` selects, one by one (partial-day edges and live runs only)."""
+    """Add the runs ``where`` selects (partial-hour edges and live runs only)."""
+    if session.get_bind().dialect.name == "postgresql":
+        _scan_in_database(session, where, versions)
+    else:
+        _scan_run_by_run(session, where, versions)
+
+
+def _scan_run_by_run(session: Session, where: list,
+                     versions: dict[tuple[str, int], OutcomeSums]) -> None:
     runs = session.execute(
         select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
                AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at).where(*where)
@@ -211,6 +244,81 @@ def _scan(session: Session, where: list, versions: dict[tuple[str, int], Outcome
         usage.setdefault(r.id, ((r.agent_id, r.agent_version), []))[1].append(r.data)
     for key, datas in usage.values():
         versions[key].add_usage(*usage_totals(datas))
+
+
+def _seconds(later, earlier):
+    # numeric seconds, exact to the microsecond, as float8: the double Python's
+    # timedelta.total_seconds() gives for the same two times
+    return cast(func.extract("epoch", later - earlier), PG_FLOAT(precision=53))
+
+
+# The bucket rule of ``outcome_histogram.bucket_of`` (the number of edges at or below the
+# value, 0 below the first), as PostgreSQL's width_bucket over the same edges.
+_EDGES = literal(list(EDGES), ARRAY(PG_FLOAT(precision=53)))
+
+
+def _usage_number(key: str, kind):
+    return cast(func.jsonb_extract_path_text(RunEvent.data, key), kind)
+
+
+def summed_runs(where: list):
+    """PostgreSQL: the runs ``where`` selects, summed per agent version, status and pair of
+    histogram buckets, each run with its usage events' totals (a lateral read of its own
+    events, which PostgreSQL prunes per run to the partition holding it)."""
+    usage = (
+        select(func.sum(_usage_number("input_tokens", BigInteger)).label("tokens_in"),
+               func.sum(_usage_number("output_tokens", BigInteger)).label("tokens_out"),
+               func.sum(_usage_number("cost_usd", Float)).label("cost"),
+               # a run with an unpriced call counts in runs_without_cost (usage_totals);
+               # null when the run has no usage event at all
+               func.bool_or(func.jsonb_extract_path_text(RunEvent.data, "cost_usd").is_(None))
+               .label("unpriced"))
+        .where(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage")
+        .lateral("usage")
+    )
+    latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
+                         AgentRun.started_at.is_not(None)),
+                    _seconds(AgentRun.finished_at, AgentRun.started_at)))
+    wait = case((AgentRun.started_at.is_not(None),
+                 _seconds(AgentRun.started_at, AgentRun.created_at)))
+    runs = (select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
+                   latency.label("latency"), wait.label("wait"), usage.c.tokens_in,
+                   usage.c.tokens_out, usage.c.cost, usage.c.unpriced)
+            .select_from(AgentRun).join(usage, true()).where(*where).subquery())
+    lat_bucket = func.width_bucket(runs.c.latency, _EDGES)
+    wait_bucket = func.width_bucket(runs.c.wait, _EDGES)
+    r = runs.c
+    return (
+        select(r.agent_id, r.agent_version, r.status, lat_bucket, wait_bucket, func.count(),
+               func.count(r.latency), func.sum(r.latency), func.min(r.latency),
+               func.max(r.latency), func.count(r.wait), func.sum(r.wait), func.min(r.wait),
+               func.max(r.wait), func.sum(r.tokens_in), func.sum(r.tokens_out),
+               func.sum(r.cost).filter(r.unpriced.is_(False)),
+               func.count().filter(r.unpriced.is_(True)))
+        .group_by(r.agent_id, r.agent_version, r.status, lat_bucket, wait_bucket)
+    )
+
+
+def _scan_in_database(session: Session, where: list,
+                      versions: dict[tuple[str, int], OutcomeSums]) -> None:
+    """The same sums as ``_scan_run_by_run``, added up by PostgreSQL (a 1-hour edge at a busy
+    hour is thousands of runs and their usage events: their rows never reach Python)."""
+    for (agent, version, status, lat_b, wait_b, n, lat_n, lat_sum, lat_min, lat_max,
+         wait_n, wait_sum, wait_min, wait_max, tokens_in, tokens_out, cost,
+         unpriced) in session.execute(summed_runs(where)):
+        acc = versions.get((agent, version))
+        if acc is None:
+            acc = versions[(agent, version)] = OutcomeSums()
+        acc.runs += n
+        acc.by_status[status] = acc.by_status.get(status, 0) + n
+        if lat_n:
+            acc.latency.add_counted(lat_n, lat_sum, lat_min, lat_max, lat_b)
+        if wait_n:
+            acc.wait.add_counted(wait_n, wait_sum, wait_min, wait_max, wait_b)
+        acc.input_tokens += int(tokens_in or 0)
+        acc.output_tokens += int(tokens_out or 0)
+        acc.cost_usd += float(cost or 0.0)
+        acc.runs_without_cost += unpriced
 
 
 def _busiest(groups: dict, max_groups: int) -> tuple[dict, bool]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, bindparam, or_
 
 from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun
 from queries.common import TimeWindow
@@ -87,23 +87,61 @@ def split_window(window: TimeWindow) -> Split:
                   tuple(hours), tuple(edges), True)
 
 
-def rollup_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
+# A rollup read binds the window's bounds as parameters named as in ``rollup_params`` /
+# ``hour_params``, so that one statement serves every window whose set bounds have the same
+# names (``bound_rollup_where`` / ``bound_hour_where``); the ``*_where`` forms inline them.
+
+def rollup_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
+    values = {"first_day": split.first_day, "end_day": split.end_day, "agent_id": agent_id,
+              "agent_version": version}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _day_conditions(values: dict, bound: bool) -> list:
     found = []
-    if split.first_day is not None:
-        found.append(AgentOutcomeRollup.day >= split.first_day)
-    if split.end_day is not None:
-        found.append(AgentOutcomeRollup.day < split.end_day)
-    if agent_id is not None:
-        found.append(AgentOutcomeRollup.agent_id == agent_id)
-    if version is not None:
-        found.append(AgentOutcomeRollup.agent_version == version)
+    for name, condition in (("first_day", AgentOutcomeRollup.day.__ge__),
+                            ("end_day", AgentOutcomeRollup.day.__lt__),
+                            ("agent_id", AgentOutcomeRollup.agent_id.__eq__),
+                            ("agent_version", AgentOutcomeRollup.agent_version.__eq__)):
+        if name in values:
+            found.append(condition(bindparam(name) if bound else values[name]))
+    return found
+
+
+def rollup_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
+    """The day rollup rows of the split's whole days."""
+    return _day_conditions(rollup_params(split, agent_id, version), bound=False)
+
+
+def bound_rollup_where(names: tuple[str, ...]) -> list:
+    return _day_conditions(dict.fromkeys(names), bound=True)
+
+
+def hour_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
+    values: dict = {"agent_id": agent_id, "agent_version": version}
+    for n, (start, end) in enumerate(split.hours):
+        values[f"hour_from_{n}"], values[f"hour_to_{n}"] = start, end
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _hour_conditions(values: dict, bound: bool) -> list:
+    def value(name: str):
+        return bindparam(name) if bound else values[name]
+
+    ranges = sum(1 for name in values if name.startswith("hour_from_"))
+    found = [or_(*(and_(H.hour >= value(f"hour_from_{n}"), H.hour < value(f"hour_to_{n}"))
+                   for n in range(ranges)))]
+    if "agent_id" in values:
+        found.append(H.agent_id == value("agent_id"))
+    if "agent_version" in values:
+        found.append(H.agent_version == value("agent_version"))
     return found
 
 
 def hour_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
-    found = [or_(*(and_(H.hour >= a, H.hour < b) for a, b in split.hours))]
-    if agent_id is not None:
-        found.append(H.agent_id == agent_id)
-    if version is not None:
-        found.append(H.agent_version == version)
-    return found
+    """The hour rollup rows of the split's whole hours."""
+    return _hour_conditions(hour_params(split, agent_id, version), bound=False)
+
+
+def bound_hour_where(names: tuple[str, ...]) -> list:
+    return _hour_conditions(dict.fromkeys(names), bound=True)

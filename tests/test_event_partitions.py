@@ -35,7 +35,7 @@ from agentledger.core.vocabulary import NON_TERMINAL
 from agentledger.demo_history import synthetic_history
 from ingest.bulk_import import bulk_import, iter_runs
 from ingest.events import append_events
-from queries.agent_outcomes import agent_outcomes, usage_of_runs
+from queries.agent_outcomes import agent_outcomes, summed_runs
 from queries.common import TimeWindow
 from queries.outcome_windows import run_conditions
 from queries.run_events import events_page
@@ -224,12 +224,12 @@ def test_a_runs_events_are_read_from_its_partition_only(history):
 
 
 def test_a_time_window_reads_only_the_partitions_of_its_runs(history):
-    """The per-agent outcome scan of a window joins the usage events of the window's runs:
-    PostgreSQL prunes that join per run, so partitions holding none of the window's runs are
-    never executed."""
+    """The per-agent outcome scan of a window reads the usage events of the window's runs, run
+    by run: PostgreSQL prunes that read per run, so partitions holding none of the window's
+    runs are never executed."""
     db, ids = history
     window = TimeWindow(start=NOW - timedelta(seconds=60))  # only the live run was made since
-    statement = usage_of_runs([*run_conditions(window, None), AgentRun.status.in_(NON_TERMINAL)])
+    statement = summed_runs([*run_conditions(window, None), AgentRun.status.in_(NON_TERMINAL)])
     sql = str(statement.compile(db.engine, compile_kwargs={"literal_binds": True}))
     assert scanned_partitions(db, sql, {}, analyze=True) <= {partition_of(db, ids["live"])}
     with db.read() as s:  # and the read itself counts the live run

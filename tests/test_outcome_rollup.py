@@ -193,3 +193,61 @@ def test_hour_wide_trend_buckets_from_the_hour_rollup_equal_a_scan(db, width):
                 assert rolled.bucket_seconds == width
                 counted += sum(r["count"] for r in rolled.rows)
     assert counted > 30  # the windows hold runs: the comparison is not of empty lists
+
+
+def test_postgresql_buckets_a_duration_where_bucket_of_does(pg_db):
+    """The edge scan on PostgreSQL counts durations into buckets with width_bucket over the
+    same edges: at, just below and just above every edge it agrees with bucket_of."""
+    import math
+
+    from sqlalchemy import cast, func, literal
+    from sqlalchemy.dialects.postgresql import FLOAT
+
+    from queries.agent_outcomes import _EDGES
+
+    values = [-1.0, 0.0, 0.009999, 1e7, *EDGES, *(math.nextafter(e, 0) for e in EDGES),
+              *(math.nextafter(e, math.inf) for e in EDGES)]
+    with pg_db.read() as s:
+        found = [s.execute(select(func.width_bucket(cast(literal(v), FLOAT(precision=53)),
+                                                    _EDGES))).scalar_one() for v in values]
+    assert found == [bucket_of(v) for v in values]
+
+
+def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
+    """The same runs summed by the database and run by run in Python: equal counts, buckets,
+    extremes, tokens and unpriced runs; equal sums up to float rounding."""
+    from queries.agent_outcomes import _scan_in_database, _scan_run_by_run
+    from queries.outcome_windows import run_conditions
+
+    db = pg_db
+    random_lifecycles(db, random.Random(5), 40)
+    chat = h.chat(db, owner="carol", agent_id="alpha")
+    unpriced = h.ask(db, chat, "q", owner="carol", when=h.T0 + timedelta(hours=7)).run_id
+    # queued for more than a day: PostgreSQL's interval then has a day part
+    started = h.T0 + timedelta(days=1, hours=9, microseconds=7)
+    h.start(db, unpriced, started, "w-x")
+    h.usage(db, unpriced, started + timedelta(seconds=1), 10, 2, None, "w-x")
+    h.usage(db, unpriced, started + timedelta(seconds=2), 5, 1, 0.25, "w-x")
+    h.complete(db, unpriced, started + timedelta(seconds=3, microseconds=3), "a", "w-x")
+    windows = [TimeWindow(h.T0 - DAY, h.T0 + 5 * DAY),
+               TimeWindow(h.T0 + timedelta(hours=5, minutes=17), h.T0 + timedelta(days=2, hours=3))]
+    for window in windows:
+        where = run_conditions(window, None)
+        by_python: dict = {}
+        by_database: dict = {}
+        with db.read() as s:
+            _scan_run_by_run(s, where, by_python)
+            _scan_in_database(s, where, by_database)
+        assert set(by_python) == set(by_database) and by_python
+        for key, expected in by_python.items():
+            got = by_database[key]
+            assert (got.runs, got.by_status, got.input_tokens, got.output_tokens,
+                    got.runs_without_cost) == (expected.runs, expected.by_status,
+                                               expected.input_tokens, expected.output_tokens,
+                                               expected.runs_without_cost), key
+            assert got.cost_usd == pytest.approx(expected.cost_usd, rel=1e-12, abs=1e-12)
+            for mine, theirs in ((got.latency, expected.latency), (got.wait, expected.wait)):
+                assert (mine.n, mine.min, mine.max, mine.histogram) == (
+                    theirs.n, theirs.min, theirs.max, theirs.histogram), key
+                assert mine.total == pytest.approx(theirs.total, rel=1e-12)
+    assert any(acc.runs_without_cost for acc in by_python.values())

@@ -55,6 +55,14 @@ class Durations:
         self.min, self.max = _lower(self.min, seconds), _higher(self.max, seconds)
         self.histogram[bucket_of(seconds)] += 1
 
+    def add_counted(self, n: int, total: float, low: float | None, high: float | None,
+                    bucket: int) -> None:
+        """``n`` durations already counted elsewhere (by the database), all in ``bucket``."""
+        self.n += n
+        self.total += total
+        self.min, self.max = _lower(self.min, low), _higher(self.max, high)
+        self.histogram[bucket] += n
+
     def merge(self, other: Durations) -> None:
         self.n += other.n
         self.total += other.total
