@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -561,6 +564,17 @@ _worker_importer: BulkImporter | None = None
 def _start_worker(url: str, rules: tuple) -> None:
     global _worker_importer
     _worker_importer = BulkImporter(Database(url, redaction_rules=rules))
+    # A worker whose importer was killed would block for ever handing back a batch nobody
+    # reads: it ends when the importing process does.
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True,
+                         name="bulk-import-parent-watch").start()
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
 
 
 def _prepare_in_worker(group: list[ImportedRun], sessions_written: set[str]) -> _Batch:

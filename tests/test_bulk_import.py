@@ -4,9 +4,14 @@ the outcome rollup moves with them, and an invalid history writes nothing."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -317,3 +322,54 @@ def test_a_history_refused_in_a_worker_stops_the_import_with_its_error(agents):
     with db.read() as session:
         stored = set(session.execute(select(AgentRun.id)).scalars())
     assert stored == {run.id for run in good}  # the batches before it, none after
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_worker_processes_end_when_the_import_is_killed(db, tmp_path):
+    """SIGTERM to ``demo seed`` (no cleanup runs) must not leave workers behind blocked on a
+    batch nobody reads."""
+    if db.dialect == "sqlite":
+        pytest.skip("one database suffices: the workers' watch is the same")
+    seed = subprocess.Popen(
+        [sys.executable, "-m", "agentledger.cli", "demo", "seed", "--runs", "200000", "--days", "30"],
+        env={**os.environ, "AGENTLEDGER_DATABASE_URL": db.url}, cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        workers: set[int] = set()
+        while time.monotonic() < deadline and not workers:
+            workers = {p for p in _children_of(seed.pid)
+                       if "spawn_main" in (Path("/proc") / str(p) / "cmdline").read_text()}
+            time.sleep(0.2)
+        assert workers, "demo seed started no worker process"
+        time.sleep(2)  # let them prepare batches
+        seed.send_signal(signal.SIGTERM)
+        seed.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in workers)
+    finally:
+        if seed.poll() is None:
+            seed.kill()
