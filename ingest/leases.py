@@ -38,9 +38,10 @@ class ClaimedRun:
     context_pack_snapshot: dict[str, Any]
     context: list[dict[str, Any]]
     lease_expires_at: datetime
-    # The thread's earlier turns (CONTRACT §7), fixed when the run is claimed: its thread's
-    # earlier runs have all ended (per-thread FIFO).
-    history: list[dict[str, Any]] = field(default_factory=list)
+    # The thread's earlier turns (CONTRACT §7). They are fixed once the run is claimable (its
+    # thread's earlier runs have all ended: per-thread FIFO), so reading them later gives the
+    # same answer; None when the claim did not read them (``with_history=False``).
+    history: list[dict[str, Any]] | None = field(default_factory=list)
 
 
 def _check_lease_seconds(lease_seconds: float) -> None:
@@ -90,9 +91,13 @@ def _claim_statement(session: Session):
 
 
 def claim_runs(
-    session: Session, executor_instance_id: str, *, max_runs: int = 1, lease_seconds: float = 30
+    session: Session, executor_instance_id: str, *, max_runs: int = 1, lease_seconds: float = 30,
+    with_history: bool = True,
 ) -> list[ClaimedRun]:
     """Lease up to ``max_runs`` queued runs to this executor and append ``run.started`` to each.
+
+    ``with_history=False`` leaves the thread's turns out (``history`` None): an executor that
+    reads them only if its agent asks (``queries.thread_history``) saves that read per claim.
 
     On PostgreSQL concurrent claimers skip each other's locked rows (``FOR UPDATE SKIP LOCKED``);
     on SQLite the ``BEGIN IMMEDIATE`` write lock makes claims one at a time.
@@ -104,7 +109,8 @@ def claim_runs(
     # After the claimable rows were chosen: a run's start is never stamped before the end of
     # the previous run of its thread, which that choice depended on.
     now = dialect.now(session)
-    return [_start(session, run_id, executor_instance_id, now, lease_seconds) for run_id in ids]
+    return [_start(session, run_id, executor_instance_id, now, lease_seconds, with_history)
+            for run_id in ids]
 
 
 def claim_run(
@@ -128,7 +134,7 @@ def claim_run(
 
 
 def _start(session: Session, run_id: str, executor_instance_id: str, now: datetime,
-           lease_seconds: float) -> ClaimedRun:
+           lease_seconds: float, with_history: bool = True) -> ClaimedRun:
     expires = lease_deadline(now, lease_seconds)
     append_events(
         session,
@@ -138,10 +144,11 @@ def _start(session: Session, run_id: str, executor_instance_id: str, now: dateti
         lease=Lease(executor_instance_id, expires),
         now=now,
     )
-    return _claimed(session, run_id, expires)
+    return _claimed(session, run_id, expires, with_history)
 
 
-def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:
+def _claimed(session: Session, run_id: str, expires: datetime,
+             with_history: bool = True) -> ClaimedRun:
     row = session.execute(
         select(
             AgentRun.thread_id,
@@ -172,7 +179,7 @@ def _claimed(session: Session, run_id: str, expires: datetime) -> ClaimedRun:
         context_pack_snapshot=row.context_pack_snapshot,
         context=[{**i, "content": contents.get(i["sha256"])} for i in items],
         lease_expires_at=expires,
-        history=as_turns(thread_history(session, run_id)),
+        history=as_turns(thread_history(session, run_id)) if with_history else None,
     )
 
 

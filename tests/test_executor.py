@@ -296,8 +296,10 @@ def test_a_cancel_that_arrives_while_the_agent_finishes_wins(db, executors, test
     posted = post(db, make_session(db, agent_id="late"), "x")
     executors.start()
     wait_terminal(db, posted.run_id)
-    assert types(db, posted.run_id) == ["run.queued", "run.started", "message.delta",
-                                        "run.cancelling", "run.cancelled"]
+    # The delta waited (at most 20 ms) to be written with the run's end: it follows the
+    # cancel request that came meanwhile, and the cancel still wins.
+    assert types(db, posted.run_id) == ["run.queued", "run.started", "run.cancelling",
+                                        "message.delta", "run.cancelled"]
     assert run(db, posted.run_id).final_message_id is None
     assert run(db, posted.run_id).error is None
 
@@ -501,3 +503,80 @@ def test_a_run_ended_elsewhere_is_dropped_without_another_write(db, executors):
     wait_until(lambda: executor.active_run_ids == [], timeout=60)
     assert_one_terminal_event(db, posted.run_id)
     assert types(db, posted.run_id)[-1] == "run.interrupted"
+
+
+def _event_times(db, run_id: str) -> list[tuple[str, object]]:
+    from agentledger.core.schema import RunEvent
+
+    with db.read() as s:
+        return [tuple(r) for r in s.execute(select(RunEvent.type, RunEvent.created_at)
+                                            .where(RunEvent.run_id == run_id)
+                                            .order_by(RunEvent.seq)).all()]
+
+
+def test_progress_events_emitted_together_share_the_ending_transaction(db, executors, test_kind):
+    """Deltas emitted back to back are written with the run's end, in one transaction (one
+    time stamp), in the order emitted; the answer is their text."""
+    def chatty(ctx):
+        for n in range(6):
+            ctx.say(f"part {n}. ")
+        return None
+
+    test_kind("chatty", chatty)
+    make_agent(db, "chatty", kind="chatty")
+    posted = post(db, make_session(db, agent_id="chatty"), "x")
+    executors.start()
+    wait_terminal(db, posted.run_id)
+    written = _event_times(db, posted.run_id)
+    assert [t for t, _ in written] == ["run.queued", "run.started", *["message.delta"] * 6,
+                                       "run.completed"]
+    assert len({at for t, at in written[2:]}) == 1
+    assert [e.data["text"] for e in events(db, posted.run_id)[2:8]] == [
+        f"part {n}. " for n in range(6)]
+    assert message_content(db, run(db, posted.run_id).final_message_id) == "".join(
+        f"part {n}. " for n in range(6))
+
+
+def test_a_progress_event_is_in_the_ledger_soon_while_the_agent_works_on(db, executors, test_kind):
+    """An emitted delta waits at most APPEND_DELAY (20 ms) for company: an agent that then
+    works for a second does not hold it back."""
+    seen_at: list[float] = []
+    release = threading.Event()
+
+    def slow(ctx):
+        ctx.say("first words")
+        emitted = time.monotonic()
+        wait_until(lambda: "message.delta" in types(db, ctx.run_id), timeout=5, interval=0.01)
+        seen_at.append(time.monotonic() - emitted)
+        release.wait(5)
+        return "done"
+
+    test_kind("slow-talker", slow)
+    make_agent(db, "slow-talker", kind="slow-talker")
+    posted = post(db, make_session(db, agent_id="slow-talker"), "x")
+    executors.start()
+    try:
+        wait_until(lambda: seen_at, timeout=10)
+    finally:
+        release.set()
+    wait_terminal(db, posted.run_id)
+    assert seen_at[0] < 0.5  # 20 ms plus a busy machine's scheduling, far below the 5 s wait
+    assert types(db, posted.run_id) == ["run.queued", "run.started", "message.delta",
+                                        "run.completed"]
+
+
+def test_a_refused_progress_event_fails_the_run_after_what_came_before(db, executors, test_kind):
+    def sloppy(ctx):
+        ctx.say("fine so far")
+        ctx.emit("usage", {"input_tokens": -1, "output_tokens": 0, "cost_usd": None})
+        return "never"
+
+    test_kind("sloppy", sloppy)
+    make_agent(db, "sloppy", kind="sloppy")
+    posted = post(db, make_session(db, agent_id="sloppy"), "x")
+    executors.start()
+    wait_terminal(db, posted.run_id)
+    evs = events(db, posted.run_id)
+    assert [e.type for e in evs] == ["run.queued", "run.started", "message.delta", "run.failed"]
+    assert evs[-1].data["error"]["code"] == "validation_error"
+    assert "input_tokens" in evs[-1].data["error"]["message"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,6 +30,26 @@ class ExecutionPort(Protocol):
     def check(self, run_id: str) -> None: ...
 
 
+class _ReadWhenAsked:
+    """A run's history, read on first use (``history_source``) unless it was given: most agent
+    kinds keep their own memory and never ask, and every read is a query."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, ctx, owner=None):
+        if ctx is None:
+            return None  # the field's default
+        found = ctx.__dict__.get(self._slot)
+        if found is None:
+            source = ctx.__dict__.get("history_source")
+            found = ctx.__dict__[self._slot] = source() if source is not None else []
+        return found
+
+    def __set__(self, ctx, value) -> None:
+        ctx.__dict__[self._slot] = value
+
+
 @dataclass
 class RunContext:
     run_id: str
@@ -38,14 +59,16 @@ class RunContext:
     context_pack_snapshot: dict[str, Any]
     context: list[dict[str, Any]]
     port: ExecutionPort
-    # The thread's earlier turns, oldest first (CONTRACT §7): {"role", "content", "run_id", "created_at"}.
-    history: list[dict[str, Any]] = field(default_factory=list)
+    # The thread's earlier turns, oldest first (CONTRACT §7): {"role", "content", "run_id",
+    # "created_at"}; read from ``history_source`` the first time an agent asks, if not given.
+    history: list[dict[str, Any]] = _ReadWhenAsked()  # type: ignore[assignment]
     answer_parts: list[str] = field(default_factory=list)
     # The ledger database, for kinds that keep their framework's own memory there (None when the
     # executor works through the API only).
     database_url: str | None = None
     # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
     completion: dict[str, Any] = field(default_factory=dict)
+    history_source: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ingest.events import AppendResult, append_events
 from ingest.leases import ClaimedRun, Heartbeat, claim_runs, heartbeat
 from ingest.reconcile import interrupt_executor_runs
 from ingest.runs import create_child_run
+from queries.thread_history import as_turns, thread_history
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ExecutorBackend(Protocol):
     def notifier(self) -> Notifier: ...
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]: ...
+    def history(self, run_id: str) -> list[dict]: ...
     def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat: ...
     def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult: ...
     def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]: ...
@@ -69,8 +71,14 @@ class DatabaseBackend:
         self.notifier = notifier
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:
+        # The thread's turns are read when an agent asks for them (``history``), not per claim.
         with self.db.write() as s:
-            return claim_runs(s, self.instance_id, max_runs=max_runs, lease_seconds=lease_seconds)
+            return claim_runs(s, self.instance_id, max_runs=max_runs, lease_seconds=lease_seconds,
+                              with_history=False)
+
+    def history(self, run_id: str) -> list[dict]:
+        with self.db.read(primary=True) as s:  # the executor never reads a replica
+            return as_turns(thread_history(s, run_id))
 
     def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat:
         with self.db.write() as s:

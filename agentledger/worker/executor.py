@@ -7,6 +7,12 @@
   second, whether a run is being cancelled (the agent then stops within a second and the
   executor appends exactly one ``run.cancelled``) or was ended by someone else (the run is
   dropped; nothing more is written for it).
+- Progress events an agent emits (deltas, tool calls, usage: the informational types) wait up
+  to ``APPEND_DELAY`` (20 ms) to share one append transaction with the events after them, and
+  a run's last ones are written with its terminal event. A stream of deltas then costs a few
+  transactions instead of one each; an event is in the ledger at most 20 ms after it was
+  emitted (a flusher thread writes what waited that long). Their data is checked when emitted,
+  so a refused event still fails the run at the agent's call, with nothing after it written.
 - Every write goes through ``ingest`` with this executor's instance id, so a write after the
   lease was lost is refused by the database transaction, never half-applied. Where the writes
   and reads go is the executor's backend (``worker.backends``): the database in-process, or a
@@ -15,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -41,13 +48,16 @@ from agentledger.core.errors import (
     ValidationFailed,
 )
 from agentledger.core.notifier import EventNotifier
-from agentledger.core.vocabulary import TERMINAL
+from agentledger.core.vocabulary import PROGRESS_EVENTS, TERMINAL
 from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
+from ingest.event_types import validated_data
 from ingest.leases import ClaimedRun
 
 log = logging.getLogger("agentledger.executor")
 
 MONITOR_PERIOD = 0.25
+APPEND_DELAY = 0.02  # seconds a progress event may wait to share a transaction
+MAX_PENDING = 200  # progress events written at once, whatever their age
 
 
 class _Dropped(Exception):
@@ -64,6 +74,13 @@ class _Active:
     # Set while the run's terminal event is being written: a heartbeat racing it would find the
     # run ended and report a lease lost that was in fact given back.
     ending: bool = False
+    # Progress events emitted but not written yet (oldest first), since when, and the write
+    # lock that keeps the agent's thread and the flusher writing them in order.
+    pending: list[tuple[str, dict]] = field(default_factory=list)
+    pending_since: float | None = None
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    # What the flusher's write of this run raised, for the agent's thread to raise next.
+    write_error: BaseException | None = None
 
 
 class Executor:
@@ -88,6 +105,7 @@ class Executor:
         self._active_lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._flush_kick = threading.Event()
         self.started_runs = 0
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -98,7 +116,8 @@ class Executor:
         if leftovers:
             log.warning("%s: interrupted %d run(s) left by a previous start (service_restart)",
                         self.instance_id, len(leftovers))
-        for target, name in ((self._claim_loop, "claim"), (self._monitor_loop, "monitor")):
+        for target, name in ((self._claim_loop, "claim"), (self._monitor_loop, "monitor"),
+                             (self._flush_loop, "flush")):
             thread = threading.Thread(target=target, name=f"agentledger-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -112,12 +131,16 @@ class Executor:
         self.notifier.signal(QUEUE_CHANNEL, "executor-stopping")
         with self._slots:
             self._slots.notify_all()
+        self._flush_kick.set()
         for thread in self._threads:
             thread.join(timeout)
         with self._active_lock:
             held = list(self._active)
-            for active in self._active.values():
+            actives = list(self._active.values())
+            for active in actives:
                 active.dropped.set()
+        for active in actives:  # what the runs emitted is written before they are interrupted
+            self._flush_quietly(active)
         ended = self.backend.interrupt_held(reason, held)
         if ended:
             log.warning("%s: stopping; interrupted %d run(s) (%s)", self.instance_id, len(ended), reason)
@@ -193,8 +216,11 @@ class Executor:
             ctx = RunContext(run_id=run.run_id, thread_id=run.thread_id, input=run.input,
                              agent_execution_snapshot=run.agent_execution_snapshot,
                              context_pack_snapshot=run.context_pack_snapshot,
-                             context=run.context, history=list(run.history), port=self,
+                             context=run.context, port=self,
+                             history_source=functools.partial(self.backend.history, run.run_id),
                              database_url=self.db.url if self.db is not None else None)
+            if run.history is not None:  # read with the claim (an executor over the API)
+                ctx.history = list(run.history)
             kind_name = run.agent_execution_snapshot.get("kind")
             kind = kind_for(kind_name)
             try:
@@ -242,17 +268,72 @@ class Executor:
     def _end(self, active: _Active, event_type: str, data: dict) -> None:
         self._check(active, allow_cancel=True)
         active.ending = True
-        try:
-            self._append(active, [(event_type, data)])
-        except CancelRequested:
-            # Cancelled while finishing: the cancel wins; confirm it instead of completing.
-            self._append(active, [("run.cancelled", {"external_stop_confirmed": True})])
+        with active.write_lock:
+            self._raise_deferred(active)
+            waiting = self._take_pending(active)
+            try:
+                self._append(active, [*waiting, (event_type, data)])
+            except CancelRequested:
+                # Cancelled while finishing: the cancel wins; confirm it instead of completing.
+                self._append(active, [*waiting, ("run.cancelled", {"external_stop_confirmed": True})])
 
     def _append(self, active: _Active, events: list[tuple[str, dict]]):
         result = self.backend.append(active.run_id, events)
         if result.cancel_requested:
             active.cancel.set()
         return result
+
+    # ---- progress events that wait to share a transaction --------------------------------
+
+    @staticmethod
+    def _take_pending(active: _Active) -> list[tuple[str, dict]]:
+        """The events waiting (the caller holds ``active.write_lock``)."""
+        waiting, active.pending, active.pending_since = active.pending, [], None
+        return waiting
+
+    def _flush(self, active: _Active) -> None:
+        with active.write_lock:
+            self._flush_locked(active)
+
+    def _flush_locked(self, active: _Active) -> None:
+        waiting = self._take_pending(active)
+        if waiting:
+            self._append(active, waiting)
+
+    def _flush_quietly(self, active: _Active) -> None:
+        """Write what waits, from a thread that is not the run's: an error is kept for the
+        run's thread to raise at its next write; a lease or run lost drops the run."""
+        try:
+            self._flush(active)
+        except (LeaseLost, RunTerminal, IllegalTransition) as exc:
+            active.write_error = exc
+            active.dropped.set()
+        except Exception as exc:  # noqa: BLE001 - raised in the run's thread instead
+            active.write_error = exc
+
+    @staticmethod
+    def _raise_deferred(active: _Active) -> None:
+        error, active.write_error = active.write_error, None
+        if error is not None:
+            raise error
+
+    def _flush_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._flush_kick.clear()  # before the scan: an emit after it sets it again
+            with self._active_lock:
+                actives = list(self._active.values())
+            now = time.monotonic()
+            next_due = None
+            for active in actives:
+                since = active.pending_since
+                if since is None:
+                    continue
+                due = since + APPEND_DELAY
+                if due <= now:
+                    self._flush_quietly(active)
+                elif next_due is None or due < next_due:
+                    next_due = due
+            self._flush_kick.wait(None if next_due is None else max(0.0, next_due - now))
 
     def _check(self, active: _Active, *, allow_cancel: bool = False) -> None:
         if active.dropped.is_set() or self._stopping.is_set():
@@ -272,7 +353,23 @@ class Executor:
     def emit(self, run_id: str, event_type: str, data: dict) -> None:
         active = self._active_for(run_id)
         self._check(active)
-        self._append(active, [(event_type, data)])
+        if event_type not in PROGRESS_EVENTS:
+            with active.write_lock:
+                self._raise_deferred(active)
+                self._append(active, [*self._take_pending(active), (event_type, data)])
+        else:
+            validated_data(event_type, data)  # refused now, at the agent's call, as by the ledger
+            with active.write_lock:
+                self._raise_deferred(active)
+                active.pending.append((event_type, data))
+                first = active.pending_since is None
+                if first:
+                    active.pending_since = time.monotonic()
+                full = len(active.pending) >= MAX_PENDING
+            if full:
+                self._flush(active)
+            elif first:
+                self._flush_kick.set()
         self._check(active)
 
     def check(self, run_id: str) -> None:
@@ -291,6 +388,9 @@ class Executor:
     def delegate(self, run_id: str, children: list[dict[str, str]]) -> list[dict]:
         active = self._active_for(run_id)
         self._check(active)
+        with active.write_lock:  # what the agent emitted comes before its children
+            self._raise_deferred(active)
+            self._flush_locked(active)
         try:
             child_ids = self.backend.create_children(run_id, children)
         except IllegalTransition:

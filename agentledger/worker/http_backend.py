@@ -78,6 +78,10 @@ class HttpBackend:
         with _as_ledger_errors():
             return [claimed_run(r) for r in self.client.claim(max_runs, lease_seconds=lease_seconds)]
 
+    def history(self, run_id: str) -> list[dict]:
+        # The claim answer always carries the turns (CONTRACT §7), so the executor never asks.
+        raise RuntimeError(f"run {run_id}: the claim answer carried no history")
+
     def heartbeat(self, run_id: str, lease_seconds: float) -> Heartbeat:
         with _as_ledger_errors():
             beat = self.client.heartbeat(run_id)
