@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import BigInteger, and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from agentledger.core.schema import AgentRun, RunEvent
@@ -36,17 +36,30 @@ def event_dict(row) -> dict[str, Any]:
     return {"seq": row.seq, "type": row.type, "data": row.data, "created_at": iso(row.created_at)}
 
 
-# Built once: an event stream re-reads the head and the next events after every notification,
-# and a statement built per call costs more Python than the read itself (construction and
-# SQLAlchemy's cache key walk of the visibility subquery); a constant one memoizes its key.
+# Built once: an event stream re-reads the page after every notification, and a statement
+# built per call costs more Python than the read itself (construction and SQLAlchemy's cache
+# key walk of the visibility subquery); a constant one memoizes its key.
 _HEAD = select(AgentRun.status, AgentRun.last_event_seq).where(AgentRun.id == bindparam("run_id"))
 _VISIBLE_HEAD = _HEAD.where(run_visible_to(bindparam("owner_id")))
-_EVENTS_AFTER = (
-    select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
-    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.seq > bindparam("after_seq"))
-    .order_by(RunEvent.seq)
-    .limit(bindparam("limit"))
-)
+
+
+def _page(head):
+    """The run's head with its next events in one statement (one round trip, one snapshot):
+    seqs are gapless, so the ``limit`` events after ``after_seq`` are exactly the seqs
+    ``after_seq + 1 … until_seq`` (``after_seq + limit``). No event: one row with null event columns; a run
+    that is not there (or not visible): no row."""
+    return (
+        head.add_columns(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
+        .outerjoin(RunEvent, and_(RunEvent.run_id == AgentRun.id,
+                                  RunEvent.seq > bindparam("after_seq"),
+                                  # bigint: after_seq + limit may pass the column's int32
+                                  RunEvent.seq <= bindparam("until_seq", type_=BigInteger)))
+        .order_by(RunEvent.seq)
+    )
+
+
+_PAGE = _page(_HEAD)
+_VISIBLE_PAGE = _page(_VISIBLE_HEAD)
 
 
 def run_head(session: Session, run_id: str, *, visible_to: str | None = None):
@@ -62,16 +75,19 @@ def events_page(
 ) -> EventsPage | None:
     """Up to ``limit`` events with seq > ``after_seq``; None if the run is not visible.
 
-    The run's status is read before its events, so a page never claims ``terminal`` unless
-    the terminal event is already in it (the status changes in the same transaction as the
-    terminal event is written).
+    The run's status and its events are read in one statement, so a page never claims
+    ``terminal`` unless the terminal event is in it (the status changes in the same
+    transaction as the terminal event is written).
     """
-    head = run_head(session, run_id, visible_to=visible_to)
-    if head is None:
+    params = {"run_id": run_id, "after_seq": after_seq, "until_seq": after_seq + limit}
+    if visible_to is None:
+        rows = session.execute(_PAGE, params).all()
+    else:
+        rows = session.execute(_VISIBLE_PAGE, {**params, "owner_id": visible_to}).all()
+    if not rows:
         return None
-    rows = session.execute(
-        _EVENTS_AFTER, {"run_id": run_id, "after_seq": after_seq, "limit": limit}).all()
-    events = [event_dict(r) for r in rows]
+    head = rows[0]
+    events = [event_dict(r) for r in rows if r.seq is not None]
     next_after = events[-1]["seq"] if events else after_seq
     terminal = head.status in TERMINAL and next_after >= head.last_event_seq
     return EventsPage(run_id, events, next_after, head.status, terminal, head.last_event_seq)
