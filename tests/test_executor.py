@@ -281,6 +281,16 @@ def test_kind(monkeypatch):
     available_kinds.cache_clear()
 
 
+def run_with_kind(db, executors, test_kind, name: str, fn) -> str:
+    """One run of a test-only agent kind ``fn`` to its end; its run id."""
+    test_kind(name, fn)
+    make_agent(db, name, kind=name)
+    posted = post(db, make_session(db, agent_id=name), "x")
+    executors.start()
+    wait_terminal(db, posted.run_id)
+    return posted.run_id
+
+
 @pytest.mark.parametrize("ending", ["answer", "failure"])
 def test_a_cancel_that_arrives_while_the_agent_finishes_wins(db, executors, test_kind, ending):
     def finishes_after_cancel(ctx):
@@ -291,17 +301,13 @@ def test_a_cancel_that_arrives_while_the_agent_finishes_wins(db, executors, test
             raise AgentFailed("gave up")
         return "the answer"
 
-    test_kind("late-cancel", finishes_after_cancel)
-    make_agent(db, "late", kind="late-cancel")
-    posted = post(db, make_session(db, agent_id="late"), "x")
-    executors.start()
-    wait_terminal(db, posted.run_id)
+    run_id = run_with_kind(db, executors, test_kind, "late-cancel", finishes_after_cancel)
     # The delta waited (at most 20 ms) to be written with the run's end: it follows the
     # cancel request that came meanwhile, and the cancel still wins.
-    assert types(db, posted.run_id) == ["run.queued", "run.started", "run.cancelling",
-                                        "message.delta", "run.cancelled"]
-    assert run(db, posted.run_id).final_message_id is None
-    assert run(db, posted.run_id).error is None
+    assert types(db, run_id) == ["run.queued", "run.started", "run.cancelling",
+                                 "message.delta", "run.cancelled"]
+    assert run(db, run_id).final_message_id is None
+    assert run(db, run_id).error is None
 
 
 def test_a_cancel_that_arrives_just_before_a_delegate_step_is_confirmed(db, executors, test_kind):
@@ -522,18 +528,14 @@ def test_progress_events_emitted_together_share_the_ending_transaction(db, execu
             ctx.say(f"part {n}. ")
         return None
 
-    test_kind("chatty", chatty)
-    make_agent(db, "chatty", kind="chatty")
-    posted = post(db, make_session(db, agent_id="chatty"), "x")
-    executors.start()
-    wait_terminal(db, posted.run_id)
-    written = _event_times(db, posted.run_id)
+    run_id = run_with_kind(db, executors, test_kind, "chatty", chatty)
+    written = _event_times(db, run_id)
     assert [t for t, _ in written] == ["run.queued", "run.started", *["message.delta"] * 6,
                                        "run.completed"]
     assert len({at for t, at in written[2:]}) == 1
-    assert [e.data["text"] for e in events(db, posted.run_id)[2:8]] == [
+    assert [e.data["text"] for e in events(db, run_id)[2:8]] == [
         f"part {n}. " for n in range(6)]
-    assert message_content(db, run(db, posted.run_id).final_message_id) == "".join(
+    assert message_content(db, run(db, run_id).final_message_id) == "".join(
         f"part {n}. " for n in range(6))
 
 
@@ -571,12 +573,7 @@ def test_a_refused_progress_event_fails_the_run_after_what_came_before(db, execu
         ctx.emit("usage", {"input_tokens": -1, "output_tokens": 0, "cost_usd": None})
         return "never"
 
-    test_kind("sloppy", sloppy)
-    make_agent(db, "sloppy", kind="sloppy")
-    posted = post(db, make_session(db, agent_id="sloppy"), "x")
-    executors.start()
-    wait_terminal(db, posted.run_id)
-    evs = events(db, posted.run_id)
+    evs = events(db, run_with_kind(db, executors, test_kind, "sloppy", sloppy))
     assert [e.type for e in evs] == ["run.queued", "run.started", "message.delta", "run.failed"]
     assert evs[-1].data["error"]["code"] == "validation_error"
     assert "input_tokens" in evs[-1].data["error"]["message"]
