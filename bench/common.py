@@ -229,6 +229,25 @@ def complete_runs(db: Database, run_ids: list[str], executor: str) -> None:
             pass
 
 
+def cancel_left_queued(db: Database, *, owner_prefix: str = "bench-", per_transaction: int = 500) -> int:
+    """Cancel the runs the bench's creation phases left queued (no executor runs them), through
+    ``ingest.cancel``, so that the next reads (and the next bench run on this database) count
+    ended runs from the rollup instead of scanning thousands of live ones. Returns how many."""
+    from sqlalchemy import select
+
+    from agentledger.core.schema import AgentRun
+    from ingest.cancel import request_cancel
+
+    with db.read(primary=True) as s:
+        ids = list(s.execute(select(AgentRun.id).where(
+            AgentRun.status == "queued", AgentRun.owner_id.like(f"{owner_prefix}%"))).scalars())
+    for start in range(0, len(ids), per_transaction):
+        with db.write() as s:
+            for run_id in ids[start:start + per_transaction]:
+                request_cancel(s, run_id, requested_by="bench")
+    return len(ids)
+
+
 # ---- the server subprocess -------------------------------------------------------------------
 
 

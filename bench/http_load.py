@@ -20,6 +20,7 @@ from bench.common import (
     BENCH_EXECUTOR,
     Row,
     Sizes,
+    cancel_left_queued,
     complete_runs,
     http_session,
     latency_ms,
@@ -120,6 +121,7 @@ def run_creation(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Ro
         raw = run_clients([c.create for c in creators], sizes.write_seconds)
         for c in creators:
             c.close()
+    log(f"cancelled the {cancel_left_queued(db)} runs the creation phases left queued")
     return [_row(f"run creation, {CLIENTS} clients", project, raw,
                  "≥ 0.35 × raw", 0.35)]
 

@@ -273,7 +273,10 @@ def summed_runs(where: list):
                # null when the run has no usage event at all
                func.bool_or(func.jsonb_extract_path_text(RunEvent.data, "cost_usd").is_(None))
                .label("unpriced"))
-        .where(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage")
+        # only a run that started can have progress events: a backlog of queued runs costs no
+        # read of their events (PostgreSQL checks the run's column before scanning)
+        .where(AgentRun.started_at.is_not(None), RunEvent.run_id == AgentRun.id,
+               RunEvent.type == "usage")
         .lateral("usage")
     )
     latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
