@@ -346,11 +346,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_worker_processes_end_when_the_import_is_killed(db, tmp_path):
+def test_worker_processes_end_when_the_import_is_killed(pg_db, tmp_path):
     """SIGTERM to ``demo seed`` (no cleanup runs) must not leave workers behind blocked on a
-    batch nobody reads."""
-    if db.dialect == "sqlite":
-        pytest.skip("one database suffices: the workers' watch is the same")
+    batch nobody reads (one database suffices: the workers' watch does not depend on it)."""
+    db = pg_db
     seed = subprocess.Popen(
         [sys.executable, "-m", "agentledger.cli", "demo", "seed", "--runs", "200000", "--days", "30"],
         env={**os.environ, "AGENTLEDGER_DATABASE_URL": db.url}, cwd=tmp_path,
