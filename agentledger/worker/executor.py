@@ -270,12 +270,11 @@ class Executor:
         active.ending = True
         with active.write_lock:
             self._raise_deferred(active)
-            waiting = self._take_pending(active)
             try:
-                self._append(active, [*waiting, (event_type, data)])
+                self._write_with_pending(active, [(event_type, data)])
             except CancelRequested:
                 # Cancelled while finishing: the cancel wins; confirm it instead of completing.
-                self._append(active, [*waiting, ("run.cancelled", {"external_stop_confirmed": True})])
+                self._write_with_pending(active, [("run.cancelled", {"external_stop_confirmed": True})])
 
     def _append(self, active: _Active, events: list[tuple[str, dict]]):
         result = self.backend.append(active.run_id, events)
@@ -296,20 +295,33 @@ class Executor:
             self._flush_locked(active)
 
     def _flush_locked(self, active: _Active) -> None:
+        if active.pending:
+            self._write_with_pending(active, [])
+
+    def _write_with_pending(self, active: _Active, events: list[tuple[str, dict]]) -> None:
+        """Append what waits, then ``events``, in one transaction (the caller holds the write
+        lock). A refused batch wrote nothing: what waited waits again, for the run's end."""
         waiting = self._take_pending(active)
-        if waiting:
-            self._append(active, waiting)
+        try:
+            self._append(active, [*waiting, *events])
+        except BaseException:
+            if waiting:
+                active.pending[:0] = waiting
+                active.pending_since = active.pending_since or time.monotonic()
+            raise
 
     def _flush_quietly(self, active: _Active) -> None:
         """Write what waits, from a thread that is not the run's: an error is kept for the
         run's thread to raise at its next write; a lease or run lost drops the run."""
-        try:
-            self._flush(active)
-        except (LeaseLost, RunTerminal, IllegalTransition) as exc:
-            active.write_error = exc
-            active.dropped.set()
-        except Exception as exc:  # noqa: BLE001 - raised in the run's thread instead
-            active.write_error = exc
+        with active.write_lock:
+            try:
+                self._flush_locked(active)
+            except Exception as exc:  # noqa: BLE001 - raised in the run's thread instead
+                active.write_error = exc
+                # not retried from here: the run's thread meets the error at its next write
+                active.pending_since = None
+                if isinstance(exc, LeaseLost | RunTerminal | IllegalTransition):
+                    active.dropped.set()
 
     @staticmethod
     def _raise_deferred(active: _Active) -> None:
@@ -356,7 +368,7 @@ class Executor:
         if event_type not in PROGRESS_EVENTS:
             with active.write_lock:
                 self._raise_deferred(active)
-                self._append(active, [*self._take_pending(active), (event_type, data)])
+                self._write_with_pending(active, [(event_type, data)])
         else:
             validated_data(event_type, data)  # refused now, at the agent's call, as by the ledger
             with active.write_lock:
