@@ -368,11 +368,15 @@ class Executor:
         if event_type not in PROGRESS_EVENTS:
             with active.write_lock:
                 self._raise_deferred(active)
+                self._check(active)
                 self._write_with_pending(active, [(event_type, data)])
         else:
             validated_data(event_type, data)  # refused now, at the agent's call, as by the ledger
             with active.write_lock:
                 self._raise_deferred(active)
+                # Again under the lock: a flusher write that just saw a cancel request (and
+                # held the lock meanwhile) stops the agent here, before one more event waits.
+                self._check(active)
                 active.pending.append((event_type, data))
                 first = active.pending_since is None
                 if first:
