@@ -17,30 +17,22 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    Float,
-    and_,
-    bindparam,
-    case,
-    cast,
-    func,
-    literal,
-    select,
-    true,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import FLOAT as PG_FLOAT
+from sqlalchemy import BigInteger, Float, and_, bindparam, case, func, select, true
 from sqlalchemy.orm import Session
 
 from agentledger.core.outcome_histogram import (
     BUCKETS,
-    EDGES,
     LATENCY_COLUMNS,
     WAIT_COLUMNS,
     estimate_percentiles,
 )
 from agentledger.core.outcome_sums import Durations, OutcomeSums, usage_totals
+from agentledger.core.read_sql import (
+    exact_seconds_pg,
+    histogram_bucket_pg,
+    is_postgres,
+    json_number_pg,
+)
 from agentledger.core.schema import Agent, AgentRun, AgentVersion, RunEvent
 from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
 from queries.common import TimeWindow
@@ -217,7 +209,7 @@ def usage_of_runs(where: list):
 
 def _scan(session: Session, where: list, versions: dict[tuple[str, int], OutcomeSums]) -> None:
     """Add the runs ``where`` selects (partial-hour edges and live runs only)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if is_postgres(session):
         _scan_in_database(session, where, versions)
     else:
         _scan_run_by_run(session, where, versions)
@@ -246,29 +238,16 @@ def _scan_run_by_run(session: Session, where: list,
         versions[key].add_usage(*usage_totals(datas))
 
 
-def _seconds(later, earlier):
-    # numeric seconds, exact to the microsecond, as float8: the double Python's
-    # timedelta.total_seconds() gives for the same two times
-    return cast(func.extract("epoch", later - earlier), PG_FLOAT(precision=53))
-
-
-# The bucket rule of ``outcome_histogram.bucket_of`` (the number of edges at or below the
-# value, 0 below the first), as PostgreSQL's width_bucket over the same edges.
-_EDGES = literal(list(EDGES), ARRAY(PG_FLOAT(precision=53)))
-
-
-def _usage_number(key: str, kind):
-    return cast(func.jsonb_extract_path_text(RunEvent.data, key), kind)
-
-
 def summed_runs(where: list):
     """PostgreSQL: the runs ``where`` selects, summed per agent version, status and pair of
     histogram buckets, each run with its usage events' totals (a lateral read of its own
     events, which PostgreSQL prunes per run to the partition holding it)."""
     usage = (
-        select(func.sum(_usage_number("input_tokens", BigInteger)).label("tokens_in"),
-               func.sum(_usage_number("output_tokens", BigInteger)).label("tokens_out"),
-               func.sum(_usage_number("cost_usd", Float)).label("cost"),
+        select(func.sum(json_number_pg(RunEvent.data, "input_tokens", BigInteger))
+               .label("tokens_in"),
+               func.sum(json_number_pg(RunEvent.data, "output_tokens", BigInteger))
+               .label("tokens_out"),
+               func.sum(json_number_pg(RunEvent.data, "cost_usd", Float)).label("cost"),
                # a run with an unpriced call counts in runs_without_cost (usage_totals);
                # null when the run has no usage event at all
                func.bool_or(func.jsonb_extract_path_text(RunEvent.data, "cost_usd").is_(None))
@@ -281,15 +260,15 @@ def summed_runs(where: list):
     )
     latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
                          AgentRun.started_at.is_not(None)),
-                    _seconds(AgentRun.finished_at, AgentRun.started_at)))
+                    exact_seconds_pg(AgentRun.finished_at, AgentRun.started_at)))
     wait = case((AgentRun.started_at.is_not(None),
-                 _seconds(AgentRun.started_at, AgentRun.created_at)))
+                 exact_seconds_pg(AgentRun.started_at, AgentRun.created_at)))
     runs = (select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
                    latency.label("latency"), wait.label("wait"), usage.c.tokens_in,
                    usage.c.tokens_out, usage.c.cost, usage.c.unpriced)
             .select_from(AgentRun).join(usage, true()).where(*where).subquery())
-    lat_bucket = func.width_bucket(runs.c.latency, _EDGES)
-    wait_bucket = func.width_bucket(runs.c.wait, _EDGES)
+    lat_bucket = histogram_bucket_pg(runs.c.latency)
+    wait_bucket = histogram_bucket_pg(runs.c.wait)
     r = runs.c
     return (
         select(r.agent_id, r.agent_version, r.status, lat_bucket, wait_bucket, func.count(),

@@ -200,16 +200,16 @@ def test_postgresql_buckets_a_duration_where_bucket_of_does(pg_db):
     same edges: at, just below and just above every edge it agrees with bucket_of."""
     import math
 
-    from sqlalchemy import cast, func, literal
+    from sqlalchemy import cast, literal
     from sqlalchemy.dialects.postgresql import FLOAT
 
-    from queries.agent_outcomes import _EDGES
+    from agentledger.core.read_sql import histogram_bucket_pg
 
     values = [-1.0, 0.0, 0.009999, 1e7, *EDGES, *(math.nextafter(e, 0) for e in EDGES),
               *(math.nextafter(e, math.inf) for e in EDGES)]
     with pg_db.read() as s:
-        found = [s.execute(select(func.width_bucket(cast(literal(v), FLOAT(precision=53)),
-                                                    _EDGES))).scalar_one() for v in values]
+        found = [s.execute(select(histogram_bucket_pg(cast(literal(v), FLOAT(precision=53)))))
+                 .scalar_one() for v in values]
     assert found == [bucket_of(v) for v in values]
 
 

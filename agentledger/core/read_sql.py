@@ -16,25 +16,57 @@ from sqlalchemy import (
     cast,
     exists,
     func,
+    literal,
     literal_column,
     select,
     type_coerce,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import FLOAT as PG_FLOAT
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from agentledger.core.dialect import name
 from agentledger.core.dialect import now as database_now
+from agentledger.core.outcome_histogram import EDGES
 from agentledger.core.schema import AgentRun
 
 __all__ = [
     "database_now", "epoch_seconds", "seconds_between", "time_bucket",
-    "context_pack_has_item",
+    "context_pack_has_item", "is_postgres", "exact_seconds_pg", "histogram_bucket_pg",
+    "json_number_pg",
 ]
 
 def _is_pg(session: Session) -> bool:
     return name(session) == "postgresql"
+
+
+def is_postgres(session: Session) -> bool:
+    """For reads that PostgreSQL answers in SQL and SQLite in Python."""
+    return _is_pg(session)
+
+
+# ---- PostgreSQL only: sums the database does where SQLite's are done in Python ------------
+
+_FLOAT8 = PG_FLOAT(precision=53)
+_EDGES = literal(list(EDGES), ARRAY(_FLOAT8))
+
+
+def exact_seconds_pg(later, earlier) -> ColumnElement[float]:
+    """``later - earlier`` in seconds: numeric, exact to the microsecond, then float8, which is
+    the double Python's ``timedelta.total_seconds()`` gives for the same two times."""
+    return cast(func.extract("epoch", later - earlier), _FLOAT8)
+
+
+def histogram_bucket_pg(seconds) -> ColumnElement[int]:
+    """``outcome_histogram.bucket_of`` in SQL: the number of edges at or below the value (0
+    below the first), by width_bucket over the same edges."""
+    return func.width_bucket(seconds, _EDGES)
+
+
+def json_number_pg(column, key: str, kind) -> ColumnElement:
+    """A number of a JSONB document, as ``kind`` (NULL when absent or JSON null)."""
+    return cast(func.jsonb_extract_path_text(column, key), kind)
 
 
 def epoch_seconds(session: Session, column) -> ColumnElement[float]:
