@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
@@ -41,7 +42,8 @@ PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
 REPLICA_CONNECT_TIMEOUT_SECONDS = 2
 DEFAULT_REPLICA_MAX_WAIT_MS = 100
 DEFAULT_REPLICA_RETRY_SECONDS = 5.0
-LAGGING_SECONDS = 1.0  # after a wait in vain, reads do not wait for the replica this long
+LAGGING_SECONDS = 1.0
+PING_AFTER_IDLE_SECONDS = 1.0  # a primary connection idle this long is pinged before use  # after a wait in vain, reads do not wait for the replica this long
 REPLICA_APPLICATION_NAME = "agentledger-replica-read"
 
 log = logging.getLogger("agentledger.core.database")
@@ -84,6 +86,36 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     return engine
 
 
+def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
+    """Check a pooled connection before use only when it sat idle for ``idle_seconds``.
+
+    A connection that served a request a moment ago is alive unless the server went away in
+    that moment; a ping on every checkout costs every request a round trip for that case. A
+    connection that idled longer (across a server restart, an idle-session timeout, a dropped
+    network path) is pinged, and a dead one is replaced before the caller sees it (raising
+    ``DisconnectionError`` in ``checkout`` makes the pool retry with a new connection). A
+    connection that dies in the short window fails its statement instead; SQLAlchemy then
+    invalidates the pool, so every other connection of that moment is replaced too.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection, record):
+        if record is not None:
+            record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection, record, _proxy):
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < idle_seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)  # SELECT 1, outside any transaction
+        except psycopg.Error as exc:
+            raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
+        finally:
+            record.info.pop("idle_since", None)
+
+
 def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Engine:
     options = "-c timezone=UTC"
     if read_only:
@@ -97,13 +129,18 @@ def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Eng
         # name tells the replica's pg_stat_activity which sessions are agentledger's reads.
         connect_args["connect_timeout"] = REPLICA_CONNECT_TIMEOUT_SECONDS
         connect_args["application_name"] = REPLICA_APPLICATION_NAME
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=10,
         max_overflow=20,
-        pool_pre_ping=True,
+        # A replica's connections are checked at every checkout: a stopped standby must send
+        # the read to the primary before it starts, not fail it half-way.
+        pool_pre_ping=replica,
         connect_args=connect_args,
     )
+    if not replica:
+        _ping_after_idle(engine, PING_AFTER_IDLE_SECONDS)
+    return engine
 
 
 class _ReadScope:
