@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, literal, null, select, type_coerce, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -23,7 +23,7 @@ from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.redaction import redactor_of
-from agentledger.core.schema import AgentRun, Message, RunEvent
+from agentledger.core.schema import AgentRun, Message, RunEvent, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
@@ -78,9 +78,17 @@ def _lock_statement(session: Session):
     # Built once per dialect: every append, claim and cancel starts with this statement.
     key = dialect.name(session)
     if key not in _LOCK_STATEMENTS:
-        _LOCK_STATEMENTS[key] = dialect.for_update(
-            select(*_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id")), session
-        )
+        row = select(*_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id"))
+        if key == "postgresql":
+            # The row lock and the clock in one round trip: the outer select reads
+            # clock_timestamp() only once the materialized CTE has returned the locked row,
+            # so the time is read after any wait for the lock (dialect.now says why).
+            locked = row.with_for_update().cte("locked").prefix_with("MATERIALIZED")
+            stmt = select(locked, type_coerce(dialect.clock_column(key), UTCDateTime)
+                          .label("now"))
+        else:
+            stmt = row.add_columns(null().label("now"))
+        _LOCK_STATEMENTS[key] = stmt
     return _LOCK_STATEMENTS[key]
 
 
@@ -91,6 +99,9 @@ _ADVANCE_RUN = update(AgentRun.__table__).where(
     AgentRun.__table__.c.status == bindparam("status_"),
     AgentRun.__table__.c.last_event_seq == bindparam("last_event_seq_"),
 )
+# On PostgreSQL it also sends the stream's NOTIFY (delivered at commit), one round trip fewer.
+_ADVANCE_RUN_NOTIFYING = _ADVANCE_RUN.returning(
+    func.pg_notify(literal(dialect.EVENTS_CHANNEL), AgentRun.__table__.c.id))
 
 # Events whose data the ledger itself makes of ids, times and its own words: redacting them
 # (a custom pattern that matches digits) could only break the links they record.
@@ -163,7 +174,7 @@ def append_events(
     ends_run = any(t in _ENDING for t, _ in events)
     run = lock_run_and_parent(session, run_id) if ends_run else lock_run(session, run_id)
     # After the lock: events of one run are stamped in the order their appends committed.
-    now = now or dialect.now(session)
+    now = now or dialect.now(session, read=run.now)
     if executor_instance_id is not None:
         check_lease(run, executor_instance_id, now)
 
@@ -213,12 +224,18 @@ def append_events(
     _insert_events(session, rows)
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    updated = session.execute(_ADVANCE_RUN, {
+    postgres = dialect.name(session) == "postgresql"
+    updated = session.execute(_ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
     if cast(CursorResult, updated).rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
+    if postgres:
+        updated.close()
+        dialect.notified(session, dialect.EVENTS_CHANNEL, run_id)
+    else:
+        dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
     if redactor.count:
         session.execute(update(AgentRun).where(AgentRun.id == run_id).values(
             redaction_count=AgentRun.redaction_count + redactor.count))
@@ -232,7 +249,6 @@ def append_events(
             created_at=run.created_at, started_at=values.get("started_at", run.started_at),
             finished_at=now, input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost,
         ), shard=rollup_shard(run_id))
-    dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
     if status in TERMINAL and run.parent_run_id:
         _tell_parent(session, run.parent_run_id, run_id, status, now)
     return AppendResult(

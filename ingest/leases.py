@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, select, tuple_, update
+from sqlalchemy import and_, bindparam, exists, null, select, tuple_, type_coerce, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
-from agentledger.core.schema import AgentRun, ContextBlob
+from agentledger.core.schema import AgentRun, ContextBlob, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE
 from ingest.events import append_events, lease_deadline
 from ingest.state_machine import Lease
@@ -85,8 +85,18 @@ def _claim_statement(session: Session):
     # subqueries) and walking it for SQLAlchemy's cache key cost more than the claim's SQL.
     key = dialect.name(session)
     if key not in _CLAIM_STATEMENTS:
-        _CLAIM_STATEMENTS[key] = dialect.for_update(
-            claimable_runs_query(bindparam("max_runs")), session, skip_locked=True)
+        chosen = claimable_runs_query(bindparam("max_runs"))
+        if key == "postgresql":
+            # The clock in the same round trip, read by the outer select only once the
+            # materialized CTE has chosen and locked the rows (dialect.now says why).
+            locked = (chosen.add_columns(AgentRun.created_at).with_for_update(skip_locked=True)
+                      .cte("claimable")
+                      .prefix_with("MATERIALIZED"))
+            stmt = select(locked.c.id, type_coerce(dialect.clock_column(key), UTCDateTime)
+                          .label("now")).order_by(locked.c.created_at, locked.c.id)
+        else:
+            stmt = chosen.add_columns(null().label("now"))
+        _CLAIM_STATEMENTS[key] = stmt
     return _CLAIM_STATEMENTS[key]
 
 
@@ -105,12 +115,14 @@ def claim_runs(
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
-    ids = session.execute(_claim_statement(session), {"max_runs": max_runs}).scalars().all()
+    chosen = session.execute(_claim_statement(session), {"max_runs": max_runs}).all()
+    if not chosen:
+        return []
     # After the claimable rows were chosen: a run's start is never stamped before the end of
     # the previous run of its thread, which that choice depended on.
-    now = dialect.now(session)
-    return [_start(session, run_id, executor_instance_id, now, lease_seconds, with_history)
-            for run_id in ids]
+    now = dialect.now(session, read=chosen[0].now)
+    return [_start(session, row.id, executor_instance_id, now, lease_seconds, with_history)
+            for row in chosen]
 
 
 def claim_run(
@@ -147,18 +159,19 @@ def _start(session: Session, run_id: str, executor_instance_id: str, now: dateti
     return _claimed(session, run_id, expires, with_history)
 
 
+_CLAIMED_RUN = select(
+    AgentRun.thread_id,
+    AgentRun.root_run_id,
+    AgentRun.parent_run_id,
+    AgentRun.input,
+    AgentRun.agent_execution_snapshot,
+    AgentRun.context_pack_snapshot,
+).where(AgentRun.id == bindparam("run_id"))
+
+
 def _claimed(session: Session, run_id: str, expires: datetime,
              with_history: bool = True) -> ClaimedRun:
-    row = session.execute(
-        select(
-            AgentRun.thread_id,
-            AgentRun.root_run_id,
-            AgentRun.parent_run_id,
-            AgentRun.input,
-            AgentRun.agent_execution_snapshot,
-            AgentRun.context_pack_snapshot,
-        ).where(AgentRun.id == run_id)
-    ).one()
+    row = session.execute(_CLAIMED_RUN, {"run_id": run_id}).one()
     items = row.context_pack_snapshot.get("items", [])
     contents = {}
     if items:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, func, insert, select, type_coerce
+from sqlalchemy import String, and_, bindparam, func, insert, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert, dialect
@@ -220,6 +220,46 @@ def _insert_run_statement(dialect_name: str):
     )
 
 
+def _create_run_postgres():
+    """A new run with its user message and ``run.queued``, and the queue's NOTIFY, as one
+    statement: each part is a data-modifying CTE fed by the run insert, so a key already used
+    (ON CONFLICT DO NOTHING: no row) inserts nothing else and notifies nobody. The foreign keys
+    of the message and the event are checked at the statement's end, when the run is there."""
+    run, message, event = AgentRun.__table__, Message.__table__, RunEvent.__table__
+    columns = [c.name for c in run.columns if c.name in _POSTED_RUN_COLUMNS]
+    new_run = (
+        cacheable_upsert.insert("postgresql", run)
+        .values({c: bindparam(c, type_=run.c[c].type) for c in columns})
+        .on_conflict_do_nothing(index_elements=["owner_id", "idempotency_key_hash"])
+        .returning(run.c.id, run.c.session_id, run.c.thread_id, run.c.owner_id, run.c.input,
+                   run.c.user_message_id, run.c.created_at)
+        .cte("new_run")
+    )
+    new_message = insert(message).from_select(
+        ["id", "session_id", "thread_id", "owner_id", "role", "content", "run_id", "created_at"],
+        select(new_run.c.user_message_id, new_run.c.session_id, new_run.c.thread_id,
+               new_run.c.owner_id, literal("user"), new_run.c.input, new_run.c.id,
+               new_run.c.created_at),
+    ).cte("new_message")
+    new_event = insert(event).from_select(
+        ["run_id", "seq", "type", "data", "created_at", "hash"],
+        select(new_run.c.id, literal(1), literal("run.queued"),
+               bindparam("event_data", type_=event.c.data.type), new_run.c.created_at,
+               bindparam("event_hash", type_=String)),
+    ).cte("new_event")
+    return select(new_run.c.id, func.pg_notify(bindparam("channel", type_=String), new_run.c.id)
+                  ).add_cte(new_message, new_event)
+
+
+_POSTED_RUN_COLUMNS = frozenset({
+    "id", "thread_id", "session_id", "root_run_id", "parent_run_id", "owner_id", "agent_id",
+    "agent_version", "status", "agent_execution_snapshot", "context_pack_snapshot", "input",
+    "user_message_id", "last_event_seq", "last_event_hash", "idempotency_key_hash",
+    "request_checksum", "redaction_count", "created_at",
+})
+_CREATE_RUN_POSTGRES = _create_run_postgres()
+
+
 def redacted_context(redactor: Redactor, items: list[ContextItem]) -> list[ContextItem]:
     """Context items as they may be stored: titles and contents redacted."""
     return [replace(item, title=redactor.text(item.title), content=redactor.text(item.content))
@@ -289,30 +329,35 @@ def post_message(
     queued, chain = _queued_event(
         run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None}, now
     )
-    inserted = session.execute(
-        _insert_run_statement(dialect.name(session)),
-        {
-            "id": run_id,
-            "thread_id": chat.thread_id,
-            "session_id": session_id,
-            "root_run_id": run_id,
-            "parent_run_id": None,
-            "owner_id": owner_id,
-            "agent_id": chosen_agent,
-            "agent_version": snapshot["version"],
-            "status": "queued",
-            "agent_execution_snapshot": snapshot,
-            "context_pack_snapshot": pack,
-            "input": content,
-            "user_message_id": message_id,
-            "last_event_seq": 1,
-            "last_event_hash": chain,
-            "idempotency_key_hash": key_hash,
-            "request_checksum": checksum,
-            "redaction_count": redactor.count,
-            "created_at": now,
-        },
-    ).first()
+    row = {
+        "id": run_id,
+        "thread_id": chat.thread_id,
+        "session_id": session_id,
+        "root_run_id": run_id,
+        "parent_run_id": None,
+        "owner_id": owner_id,
+        "agent_id": chosen_agent,
+        "agent_version": snapshot["version"],
+        "status": "queued",
+        "agent_execution_snapshot": snapshot,
+        "context_pack_snapshot": pack,
+        "input": content,
+        "user_message_id": message_id,
+        "last_event_seq": 1,
+        "last_event_hash": chain,
+        "idempotency_key_hash": key_hash,
+        "request_checksum": checksum,
+        "redaction_count": redactor.count,
+        "created_at": now,
+    }
+    if dialect.name(session) == "postgresql":
+        # The run, its user message, run.queued and the queue's NOTIFY in one round trip.
+        inserted = session.execute(_CREATE_RUN_POSTGRES, {
+            **row, "event_data": queued["data"], "event_hash": chain,
+            "channel": dialect.QUEUE_CHANNEL,
+        }).first()
+    else:
+        inserted = session.execute(_insert_run_statement(dialect.name(session)), row).first()
     if inserted is None:
         # A concurrent request with the same key committed first: answer as its replay.
         earlier = _replay(session, owner_id, key_hash, checksum)
@@ -320,14 +365,17 @@ def post_message(
             raise IdempotencyConflict("a concurrent request with this key did not complete")
         return earlier
 
-    session.execute(_INSERT_MESSAGE, {
-        "id": message_id, "session_id": session_id, "thread_id": chat.thread_id,
-        "owner_id": owner_id, "role": "user", "content": content, "run_id": run_id,
-        "created_at": now,
-    })
+    if dialect.name(session) == "postgresql":
+        dialect.notified(session, dialect.QUEUE_CHANNEL, run_id)
+    else:
+        session.execute(_INSERT_MESSAGE, {
+            "id": message_id, "session_id": session_id, "thread_id": chat.thread_id,
+            "owner_id": owner_id, "role": "user", "content": content, "run_id": run_id,
+            "created_at": now,
+        })
+        session.execute(_INSERT_EVENT, [queued])
+        dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
     _store_blobs(session, blobs)
-    session.execute(_INSERT_EVENT, [queued])
-    dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
     return PostedMessage(
         message_id=message_id,
         run_id=run_id,
@@ -353,7 +401,7 @@ def create_child_run(
     redactor = redactor_of(session)
     input = redactor.text(input)
     parent = lock_run(session, parent_run_id)
-    now = dialect.now(session)
+    now = dialect.now(session, read=parent.now)
     if executor_instance_id is not None:
         check_lease(parent, executor_instance_id, now)
     if parent.status not in ACTIVE or parent.status == "cancelling":

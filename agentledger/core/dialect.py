@@ -102,6 +102,12 @@ def notify(session: Session, channel: str, payload: str) -> None:
         session.execute(_NOTIFY, {"c": channel, "p": payload})
 
 
+def notified(session: Session, channel: str, payload: str) -> None:
+    """A statement of this transaction sent ``pg_notify(channel, payload)`` itself (one round
+    trip fewer): this process's own listeners still get it after the commit."""
+    session.info.setdefault(PENDING_NOTIFICATIONS, []).append((channel, payload))
+
+
 def upsert_adding(
     session: Session,
     table: Table,
