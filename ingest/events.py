@@ -19,6 +19,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
+from agentledger.core.database import execute
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
@@ -65,7 +66,7 @@ class _Pending:
 
 def lock_run(session: Session, run_id: str):
     """The run's row, locked until the transaction ends."""
-    row = session.execute(_lock_statement(session), {"run_id": run_id}).one_or_none()
+    row = execute(session, _lock_statement(session), {"run_id": run_id}).one_or_none()
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     return row
@@ -120,7 +121,7 @@ def lock_run_and_parent(session: Session, run_id: str):
     Every writer locks ancestors before descendants, so two transactions never wait on each
     other in opposite orders.
     """
-    parent = session.execute(_PARENT_OF, {"run_id": run_id}).scalar_one_or_none()
+    parent = execute(session, _PARENT_OF, {"run_id": run_id}).scalar_one_or_none()
     if parent:
         lock_run(session, parent)
     return lock_run(session, run_id)
@@ -150,7 +151,7 @@ _DELTAS_OF = (select(RunEvent.data)
 
 
 def _delta_text(session: Session, run_id: str) -> str:
-    rows = session.execute(_DELTAS_OF, {"run_id": run_id}).scalars()
+    rows = execute(session, _DELTAS_OF, {"run_id": run_id}).scalars()
     return "".join(str(d.get("text", "")) for d in rows)
 
 

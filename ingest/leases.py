@@ -15,6 +15,7 @@ from sqlalchemy import and_, bindparam, exists, null, select, tuple_, type_coerc
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
+from agentledger.core.database import execute
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE
@@ -115,7 +116,7 @@ def claim_runs(
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
-    chosen = session.execute(_claim_statement(session), {"max_runs": max_runs}).all()
+    chosen = execute(session, _claim_statement(session), {"max_runs": max_runs}).all()
     if not chosen:
         return []
     # After the claimable rows were chosen: a run's start is never stamped before the end of
@@ -171,7 +172,7 @@ _CLAIMED_RUN = select(
 
 def _claimed(session: Session, run_id: str, expires: datetime,
              with_history: bool = True) -> ClaimedRun:
-    row = session.execute(_CLAIMED_RUN, {"run_id": run_id}).one()
+    row = execute(session, _CLAIMED_RUN, {"run_id": run_id}).one()
     items = row.context_pack_snapshot.get("items", [])
     contents = {}
     if items:

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
+from agentledger.core.database import execute
 from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 from agentledger.core.outcome_sums import OutcomeSums, usage_totals
 from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
@@ -140,7 +141,7 @@ _USAGE_OF = (select(RunEvent.data)
 
 def run_usage(session: Session, run_id: str) -> tuple[int, int, float | None]:
     """Tokens and cost of the run's stored ``usage`` events (a primary-key range read)."""
-    return usage_totals(session.execute(_USAGE_OF, {"run_id": run_id}).scalars())
+    return usage_totals(execute(session, _USAGE_OF, {"run_id": run_id}).scalars())
 
 
 def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:

@@ -15,6 +15,7 @@ from sqlalchemy import String, and_, bindparam, func, insert, literal, select, t
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert, dialect
+from agentledger.core.database import execute
 from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
 from agentledger.core.hashing import (
     GENESIS_HASH,
@@ -303,8 +304,8 @@ def post_message(
     if checksum is None:
         raise ValueError("post_message needs the request or its checksum")
     key_hash = idempotency_key_hash(idempotency_key)
-    chat = session.execute(
-        _lookup_statement(dialect.name(session), scoped=visible_to is not None),
+    chat = execute(
+        session, _lookup_statement(dialect.name(session), scoped=visible_to is not None),
         {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
          "key_hash": key_hash},
     ).one_or_none()
@@ -352,7 +353,7 @@ def post_message(
     }
     if dialect.name(session) == "postgresql":
         # The run, its user message, run.queued and the queue's NOTIFY in one round trip.
-        inserted = session.execute(_CREATE_RUN_POSTGRES, {
+        inserted = execute(session, _CREATE_RUN_POSTGRES, {
             **row, "event_data": queued["data"], "event_hash": chain,
             "channel": dialect.QUEUE_CHANNEL,
         }).first()

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import BigInteger, and_, bindparam, select
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import execute
 from agentledger.core.schema import AgentRun, RunEvent
 from agentledger.core.vocabulary import TERMINAL
 from queries.common import iso, run_visible_to
@@ -65,8 +66,8 @@ _VISIBLE_PAGE = _page(_VISIBLE_HEAD)
 def run_head(session: Session, run_id: str, *, visible_to: str | None = None):
     """(status, last_event_seq) of a run the caller may see, else None."""
     if visible_to is None:
-        return session.execute(_HEAD, {"run_id": run_id}).one_or_none()
-    return session.execute(_VISIBLE_HEAD, {"run_id": run_id, "owner_id": visible_to}).one_or_none()
+        return execute(session, _HEAD, {"run_id": run_id}).one_or_none()
+    return execute(session, _VISIBLE_HEAD, {"run_id": run_id, "owner_id": visible_to}).one_or_none()
 
 
 def events_page(
@@ -81,9 +82,9 @@ def events_page(
     """
     params = {"run_id": run_id, "after_seq": after_seq, "until_seq": after_seq + limit}
     if visible_to is None:
-        rows = session.execute(_PAGE, params).all()
+        rows = execute(session, _PAGE, params).all()
     else:
-        rows = session.execute(_VISIBLE_PAGE, {**params, "owner_id": visible_to}).all()
+        rows = execute(session, _VISIBLE_PAGE, {**params, "owner_id": visible_to}).all()
     if not rows:
         return None
     head = rows[0]

@@ -15,6 +15,7 @@ from sqlalchemy import and_, bindparam, case, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from agentledger.core.agent_params import history_limit
+from agentledger.core.database import execute
 from agentledger.core.schema import AgentRun, Message
 from queries.common import iso
 
@@ -47,14 +48,14 @@ def thread_history(session: Session, run_id: str, *, limit: int | None = None) -
     "run_id", "created_at", "message_id"}``; ``limit`` defaults to the run's frozen
     ``params.history_limit``. Empty for an unknown run and for a thread's first run (a child
     run's thread is its own, so a child always starts empty)."""
-    run = session.execute(_RUN, {"run_id": run_id}).one_or_none()
+    run = execute(session, _RUN, {"run_id": run_id}).one_or_none()
     if run is None:
         return []
     if limit is None:
         limit = history_limit((run.agent_execution_snapshot or {}).get("params"))
     if limit <= 0:
         return []
-    rows = session.execute(_TURNS_BEFORE, {"thread_id": run.thread_id, "created_at": run.created_at,
+    rows = execute(session, _TURNS_BEFORE, {"thread_id": run.thread_id, "created_at": run.created_at,
                                            "run_id": run_id, "limit": limit}).all()
     return [
         {"role": r.role, "content": r.content, "run_id": r.run_id,
