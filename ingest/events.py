@@ -30,7 +30,7 @@ from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
 from ingest.state_machine import EVENT_TARGET, Lease, next_status, row_changes
 
-_RUN_COLUMNS = (
+LOCKED_RUN_COLUMNS = (
     AgentRun.id,
     AgentRun.status,
     AgentRun.last_event_seq,
@@ -79,7 +79,7 @@ def _lock_statement(session: Session):
     # Built once per dialect: every append, claim and cancel starts with this statement.
     key = dialect.name(session)
     if key not in _LOCK_STATEMENTS:
-        row = select(*_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id"))
+        row = select(*LOCKED_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id"))
         if key == "postgresql":
             # The row lock and the clock in one round trip: the outer select reads
             # clock_timestamp() only once the materialized CTE has returned the locked row,
@@ -163,17 +163,27 @@ def append_events(
     executor_instance_id: str | None = None,
     lease: Lease | None = None,
     now: datetime | None = None,
+    locked=None,
 ) -> AppendResult:
     """Append ``events`` (type, data) to a run in order, atomically.
 
     With ``executor_instance_id`` the caller must hold a live lease on the run (else
     ``LeaseLost``: expired, another instance's, or the run ended). ``lease`` is the lease a
-    ``run.started`` in the batch grants (the claim passes it).
+    ``run.started`` in the batch grants (the claim passes it). ``locked``: the run's row as
+    the caller read it under its row lock in this transaction, with ``LOCKED_RUN_COLUMNS``
+    (the claim's); not for a batch that ends the run, whose parent must be locked first.
     """
     if not events:
         raise ValueError("append_events needs at least one event")
     ends_run = any(t in _ENDING for t, _ in events)
-    run = lock_run_and_parent(session, run_id) if ends_run else lock_run(session, run_id)
+    if locked is not None:
+        if ends_run:
+            raise ValueError("a batch that ends the run locks its parent first: no locked row")
+        run = locked
+    elif ends_run:
+        run = lock_run_and_parent(session, run_id)
+    else:
+        run = lock_run(session, run_id)
     # After the lock: events of one run are stamped in the order their appends committed.
     now = now or dialect.now(session, read=run.now)
     if executor_instance_id is not None:

@@ -19,7 +19,7 @@ from agentledger.core.database import execute
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE
-from ingest.events import append_events, lease_deadline
+from ingest.events import LOCKED_RUN_COLUMNS, append_events, lease_deadline
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
 
@@ -80,20 +80,24 @@ def claimable_runs_query(max_runs):
 
 _CLAIM_STATEMENTS: dict[str, Any] = {}
 
+# What a claim reads of each run it locks: what an append checks under the run's lock (so
+# ``run.started`` needs no second lock statement) and what the executor needs to run it.
+_CLAIMED_COLUMNS = (*LOCKED_RUN_COLUMNS, AgentRun.root_run_id, AgentRun.input,
+                    AgentRun.agent_execution_snapshot, AgentRun.context_pack_snapshot)
+
 
 def _claim_statement(session: Session):
     # Built once per dialect: every claim loop turn runs it, and building it (two correlated
     # subqueries) and walking it for SQLAlchemy's cache key cost more than the claim's SQL.
     key = dialect.name(session)
     if key not in _CLAIM_STATEMENTS:
-        chosen = claimable_runs_query(bindparam("max_runs"))
+        chosen = claimable_runs_query(bindparam("max_runs")).with_only_columns(*_CLAIMED_COLUMNS)
         if key == "postgresql":
             # The clock in the same round trip, read by the outer select only once the
             # materialized CTE has chosen and locked the rows (dialect.now says why).
-            locked = (chosen.add_columns(AgentRun.created_at).with_for_update(skip_locked=True)
-                      .cte("claimable")
+            locked = (chosen.with_for_update(skip_locked=True).cte("claimable")
                       .prefix_with("MATERIALIZED"))
-            stmt = select(locked.c.id, type_coerce(dialect.clock_column(key), UTCDateTime)
+            stmt = select(*locked.c, type_coerce(dialect.clock_column(key), UTCDateTime)
                           .label("now")).order_by(locked.c.created_at, locked.c.id)
         else:
             stmt = chosen.add_columns(null().label("now"))
@@ -122,7 +126,7 @@ def claim_runs(
     # After the claimable rows were chosen: a run's start is never stamped before the end of
     # the previous run of its thread, which that choice depended on.
     now = dialect.now(session, read=chosen[0].now)
-    return [_start(session, row.id, executor_instance_id, now, lease_seconds, with_history)
+    return [_start(session, row, executor_instance_id, now, lease_seconds, with_history)
             for row in chosen]
 
 
@@ -137,42 +141,35 @@ def claim_run(
     _check_lease_seconds(lease_seconds)
     found = session.execute(
         dialect.for_update(
-            claimable_runs_query(1).where(AgentRun.id == run_id), session, skip_locked=True
+            claimable_runs_query(1).with_only_columns(*_CLAIMED_COLUMNS, null().label("now"))
+            .where(AgentRun.id == run_id), session, skip_locked=True
         )
-    ).scalar_one_or_none()
+    ).one_or_none()
     if found is None:
         raise IllegalTransition(f"run {run_id} is not claimable now")
     now = dialect.now(session)
-    return _start(session, run_id, executor_instance_id, now, lease_seconds)
+    return _start(session, found, executor_instance_id, now, lease_seconds)
 
 
-def _start(session: Session, run_id: str, executor_instance_id: str, now: datetime,
+def _start(session: Session, row, executor_instance_id: str, now: datetime,
            lease_seconds: float, with_history: bool = True) -> ClaimedRun:
+    """``row``: the run as the claim read and locked it (``_CLAIMED_COLUMNS``)."""
     expires = lease_deadline(now, lease_seconds)
     append_events(
         session,
-        run_id,
+        row.id,
         [("run.started", {"executor_instance_id": executor_instance_id,
                           "lease_expires_at": expires.isoformat()})],
         lease=Lease(executor_instance_id, expires),
         now=now,
+        locked=row,
     )
-    return _claimed(session, run_id, expires, with_history)
+    return _claimed(session, row, expires, with_history)
 
 
-_CLAIMED_RUN = select(
-    AgentRun.thread_id,
-    AgentRun.root_run_id,
-    AgentRun.parent_run_id,
-    AgentRun.input,
-    AgentRun.agent_execution_snapshot,
-    AgentRun.context_pack_snapshot,
-).where(AgentRun.id == bindparam("run_id"))
-
-
-def _claimed(session: Session, run_id: str, expires: datetime,
+def _claimed(session: Session, row, expires: datetime,
              with_history: bool = True) -> ClaimedRun:
-    row = execute(session, _CLAIMED_RUN, {"run_id": run_id}).one()
+    run_id = row.id
     items = row.context_pack_snapshot.get("items", [])
     contents = {}
     if items:
