@@ -105,3 +105,19 @@ def test_quick_bench_on_postgresql(fresh_pg_url, tmp_path):
 def test_quick_bench_on_sqlite(tmp_path):
     result = _run_bench(f"sqlite:///{tmp_path / 'bench.db'}", tmp_path / "results")
     assert result["machine"]["database"] == "sqlite"
+
+
+@pytest.mark.timeout(300)
+def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ingest_cpu", "--db", fresh_pg_url, "--ops", "20"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    lines = {line.split("|")[1].strip(): line for line in done.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| operation")}
+    assert set(lines) == {"run creation", "append, batch of 1", "append, batch of 100"}
+    for line in lines.values():
+        cells = [c.strip() for c in line.strip("|").split("|")[1:]]
+        assert all(float(c) > 0 for c in cells), line
