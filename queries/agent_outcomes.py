@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Float, and_, bindparam, case, func, select, true
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import execute
 from agentledger.core.outcome_histogram import (
     BUCKETS,
     LATENCY_COLUMNS,
@@ -44,7 +45,6 @@ from queries.outcome_windows import (
     bound_rollup_where,
     hour_params,
     rollup_params,
-    run_conditions,
     split_window,
 )
 
@@ -179,7 +179,7 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
         queries.append((_rollup_query(False, tuple(sorted(params))), params))
     truncated = False
     for query, params in queries:
-        found = session.execute(query, {**params, "row_limit": row_limit + 1}).all()
+        found = execute(session, query, {**params, "row_limit": row_limit + 1}).all()
         truncated = truncated or len(found) > row_limit
         for r in found[:row_limit]:
             h = 16
@@ -207,19 +207,50 @@ def usage_of_runs(where: list):
     )
 
 
-def _scan(session: Session, where: list, versions: dict[tuple[str, int], OutcomeSums]) -> None:
-    """Add the runs ``where`` selects (partial-hour edges and live runs only)."""
+@functools.cache
+def _scan_where(has_start: bool, has_end: bool, has_agent: bool, ended: bool) -> tuple:
+    """The conditions of one scan (a partial-hour edge of ended runs, or the window's live
+    runs) with the window's bounds and the agent as bound parameters (``scan_params``), so each
+    scan statement is built and cache-keyed once, not at every read."""
+    found = []
+    if has_start:
+        found.append(AgentRun.created_at >= bindparam("scan_start"))
+    if has_end:
+        found.append(AgentRun.created_at < bindparam("scan_end"))
+    if has_agent:
+        found.append(AgentRun.agent_id == bindparam("scan_agent"))
+    found.append(AgentRun.status.in_(TERMINAL if ended else NON_TERMINAL))
+    return tuple(found)
+
+
+def scan_params(window: TimeWindow, agent_id: str | None) -> dict:
+    values = {"scan_start": window.start, "scan_end": window.end, "scan_agent": agent_id}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@functools.cache
+def _summed_statement(shape: tuple[bool, bool, bool, bool]):
+    return summed_runs(list(_scan_where(*shape)))
+
+
+def _scan(session: Session, window: TimeWindow, agent_id: str | None, ended: bool,
+          versions: dict[tuple[str, int], OutcomeSums]) -> None:
+    """Add the runs created in ``window`` (of ``agent_id``), ended or not yet ended (the
+    partial-hour edges and the live runs only)."""
+    shape = (window.start is not None, window.end is not None, agent_id is not None, ended)
+    params = scan_params(window, agent_id)
     if is_postgres(session):
-        _scan_in_database(session, where, versions)
+        _scan_in_database(session, _summed_statement(shape), params, versions)
     else:
-        _scan_run_by_run(session, where, versions)
+        _scan_run_by_run(session, list(_scan_where(*shape)), params, versions)
 
 
-def _scan_run_by_run(session: Session, where: list,
+def _scan_run_by_run(session: Session, where: list, params: dict,
                      versions: dict[tuple[str, int], OutcomeSums]) -> None:
     runs = session.execute(
         select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
-               AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at).where(*where)
+               AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at).where(*where),
+        params,
     ).all()
     for r in runs:
         latency = wait = None
@@ -232,7 +263,7 @@ def _scan_run_by_run(session: Session, where: list,
     if not runs:
         return
     usage: dict[str, tuple[tuple[str, int], list[dict]]] = {}
-    for r in session.execute(usage_of_runs(where)):
+    for r in session.execute(usage_of_runs(where), params):
         usage.setdefault(r.id, ((r.agent_id, r.agent_version), []))[1].append(r.data)
     for key, datas in usage.values():
         versions[key].add_usage(*usage_totals(datas))
@@ -281,13 +312,13 @@ def summed_runs(where: list):
     )
 
 
-def _scan_in_database(session: Session, where: list,
+def _scan_in_database(session: Session, statement, params: dict,
                       versions: dict[tuple[str, int], OutcomeSums]) -> None:
     """The same sums as ``_scan_run_by_run``, added up by PostgreSQL (a 1-hour edge at a busy
     hour is thousands of runs and their usage events: their rows never reach Python)."""
     for (agent, version, status, lat_b, wait_b, n, lat_n, lat_sum, lat_min, lat_max,
          wait_n, wait_sum, wait_min, wait_max, tokens_in, tokens_out, cost,
-         unpriced) in session.execute(summed_runs(where)):
+         unpriced) in execute(session, statement, params):
         acc = versions.get((agent, version))
         if acc is None:
             acc = versions[(agent, version)] = OutcomeSums()
@@ -330,8 +361,8 @@ def agent_outcomes(
     versions: dict[tuple[str, int], OutcomeSums] = {}
     truncated = _from_rollup(session, split, agent_id, versions, max_groups * _STATUSES)
     for edge in split.edges:
-        _scan(session, [*run_conditions(edge, agent_id), AgentRun.status.in_(TERMINAL)], versions)
-    _scan(session, [*run_conditions(window, agent_id), AgentRun.status.in_(NON_TERMINAL)], versions)
+        _scan(session, edge, agent_id, True, versions)
+    _scan(session, window, agent_id, False, versions)
 
     agents: dict[str, OutcomeSums] = {}
     for (agent, _version), acc in versions.items():
@@ -373,16 +404,18 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+_NAMES = (select(AgentVersion.agent_id, AgentVersion.version, AgentVersion.name,
+                 Agent.latest_version)
+          .join(Agent, Agent.id == AgentVersion.agent_id)
+          .where(AgentVersion.agent_id.in_(bindparam("agent_ids", expanding=True))))
+
+
 def _names(session: Session, agent_ids: set[str]) -> dict[tuple[str, int | None], str]:
     """Each version's name, and under (agent, None) the agent's current name."""
     if not agent_ids:
         return {}
     found: dict[tuple[str, int | None], str] = {}
-    rows = session.execute(
-        select(AgentVersion.agent_id, AgentVersion.version, AgentVersion.name, Agent.latest_version)
-        .join(Agent, Agent.id == AgentVersion.agent_id)
-        .where(AgentVersion.agent_id.in_(sorted(agent_ids)))
-    ).all()
+    rows = execute(session, _NAMES, {"agent_ids": sorted(agent_ids)}).all()
     for r in rows:
         found[(r.agent_id, r.version)] = r.name
         if r.version == r.latest_version:

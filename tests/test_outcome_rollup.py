@@ -216,7 +216,7 @@ def test_postgresql_buckets_a_duration_where_bucket_of_does(pg_db):
 def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
     """The same runs summed by the database and run by run in Python: equal counts, buckets,
     extremes, tokens and unpriced runs; equal sums up to float rounding."""
-    from queries.agent_outcomes import _scan_in_database, _scan_run_by_run
+    from queries.agent_outcomes import _scan_in_database, _scan_run_by_run, summed_runs
     from queries.outcome_windows import run_conditions
 
     db = pg_db
@@ -236,8 +236,8 @@ def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
         by_python: dict = {}
         by_database: dict = {}
         with db.read() as s:
-            _scan_run_by_run(s, where, by_python)
-            _scan_in_database(s, where, by_database)
+            _scan_run_by_run(s, where, {}, by_python)
+            _scan_in_database(s, summed_runs(where), {}, by_database)
         assert set(by_python) == set(by_database) and by_python
         for key, expected in by_python.items():
             got = by_database[key]
