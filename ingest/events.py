@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import bindparam, func, insert, literal, null, select, type_coerce, update
+from sqlalchemy import bindparam, func, insert, literal, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,7 @@ from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.redaction import redactor_of
-from agentledger.core.schema import AgentRun, Message, RunEvent, UTCDateTime
+from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
@@ -79,16 +79,9 @@ def _lock_statement(session: Session):
     # Built once per dialect: every append, claim and cancel starts with this statement.
     key = dialect.name(session)
     if key not in _LOCK_STATEMENTS:
-        row = select(*LOCKED_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id"))
-        if key == "postgresql":
-            # The row lock and the clock in one round trip: the outer select reads
-            # clock_timestamp() only once the materialized CTE has returned the locked row,
-            # so the time is read after any wait for the lock (dialect.now says why).
-            locked = row.with_for_update().cte("locked").prefix_with("MATERIALIZED")
-            stmt = select(locked, type_coerce(dialect.clock_column(key), UTCDateTime)
-                          .label("now"))
-        else:
-            stmt = row.add_columns(null().label("now"))
+        # The row lock and the clock in one round trip (dialect.locked_with_clock).
+        stmt = dialect.locked_with_clock(
+            select(*LOCKED_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id")), key)
         _LOCK_STATEMENTS[key] = stmt
     return _LOCK_STATEMENTS[key]
 

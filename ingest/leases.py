@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, null, select, tuple_, type_coerce, update
+from sqlalchemy import and_, bindparam, exists, null, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
 from agentledger.core.database import execute
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
-from agentledger.core.schema import AgentRun, ContextBlob, UTCDateTime
+from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
 from ingest.events import LOCKED_RUN_COLUMNS, append_events, lease_deadline
 from ingest.state_machine import Lease
@@ -91,16 +91,11 @@ def _claim_statement(session: Session):
     # subqueries) and walking it for SQLAlchemy's cache key cost more than the claim's SQL.
     key = dialect.name(session)
     if key not in _CLAIM_STATEMENTS:
-        chosen = claimable_runs_query(bindparam("max_runs")).with_only_columns(*_CLAIMED_COLUMNS)
-        if key == "postgresql":
-            # The clock in the same round trip, read by the outer select only once the
-            # materialized CTE has chosen and locked the rows (dialect.now says why).
-            locked = (chosen.with_for_update(skip_locked=True).cte("claimable")
-                      .prefix_with("MATERIALIZED"))
-            stmt = select(*locked.c, type_coerce(dialect.clock_column(key), UTCDateTime)
-                          .label("now")).order_by(locked.c.created_at, locked.c.id)
-        else:
-            stmt = chosen.add_columns(null().label("now"))
+        # The rows chosen and locked and the clock in one round trip: the clock is read after
+        # the choice, which the end of each thread's previous run decided.
+        stmt = dialect.locked_with_clock(
+            claimable_runs_query(bindparam("max_runs")).with_only_columns(*_CLAIMED_COLUMNS),
+            key, skip_locked=True, order_by=("created_at", "id"))
         _CLAIM_STATEMENTS[key] = stmt
     return _CLAIM_STATEMENTS[key]
 

@@ -351,7 +351,8 @@ def post_message(
         "redaction_count": redactor.count,
         "created_at": now,
     }
-    if dialect.name(session) == "postgresql":
+    postgres = dialect.name(session) == "postgresql"
+    if postgres:
         # The run, its user message, run.queued and the queue's NOTIFY in one round trip.
         inserted = execute(session, _CREATE_RUN_POSTGRES, {
             **row, "event_data": queued["data"], "event_hash": chain,
@@ -366,7 +367,7 @@ def post_message(
             raise IdempotencyConflict("a concurrent request with this key did not complete")
         return earlier
 
-    if dialect.name(session) == "postgresql":
+    if postgres:
         dialect.notified(session, dialect.QUEUE_CHANNEL, run_id)
     else:
         session.execute(_INSERT_MESSAGE, {

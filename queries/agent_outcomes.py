@@ -43,8 +43,10 @@ from queries.outcome_windows import (
     Split,
     bound_hour_where,
     bound_rollup_where,
+    bound_run_conditions,
     hour_params,
     rollup_params,
+    run_params,
     split_window,
 )
 
@@ -208,41 +210,28 @@ def usage_of_runs(where: list):
 
 
 @functools.cache
-def _scan_where(has_start: bool, has_end: bool, has_agent: bool, ended: bool) -> tuple:
+def _scan_where(bound: tuple[str, ...], ended: bool) -> tuple:
     """The conditions of one scan (a partial-hour edge of ended runs, or the window's live
-    runs) with the window's bounds and the agent as bound parameters (``scan_params``), so each
-    scan statement is built and cache-keyed once, not at every read."""
-    found = []
-    if has_start:
-        found.append(AgentRun.created_at >= bindparam("scan_start"))
-    if has_end:
-        found.append(AgentRun.created_at < bindparam("scan_end"))
-    if has_agent:
-        found.append(AgentRun.agent_id == bindparam("scan_agent"))
-    found.append(AgentRun.status.in_(TERMINAL if ended else NON_TERMINAL))
-    return tuple(found)
-
-
-def scan_params(window: TimeWindow, agent_id: str | None) -> dict:
-    values = {"scan_start": window.start, "scan_end": window.end, "scan_agent": agent_id}
-    return {k: v for k, v in values.items() if v is not None}
+    runs), with the set bounds ``bound`` as parameters (``run_params``): each scan statement is
+    built and cache-keyed once, not at every read."""
+    return (*bound_run_conditions(bound), AgentRun.status.in_(TERMINAL if ended else NON_TERMINAL))
 
 
 @functools.cache
-def _summed_statement(shape: tuple[bool, bool, bool, bool]):
-    return summed_runs(list(_scan_where(*shape)))
+def _summed_statement(bound: tuple[str, ...], ended: bool):
+    return summed_runs(list(_scan_where(bound, ended)))
 
 
 def _scan(session: Session, window: TimeWindow, agent_id: str | None, ended: bool,
           versions: dict[tuple[str, int], OutcomeSums]) -> None:
     """Add the runs created in ``window`` (of ``agent_id``), ended or not yet ended (the
     partial-hour edges and the live runs only)."""
-    shape = (window.start is not None, window.end is not None, agent_id is not None, ended)
-    params = scan_params(window, agent_id)
+    params = run_params(window, agent_id)
+    bound = tuple(sorted(params))
     if is_postgres(session):
-        _scan_in_database(session, _summed_statement(shape), params, versions)
+        _scan_in_database(session, _summed_statement(bound, ended), params, versions)
     else:
-        _scan_run_by_run(session, list(_scan_where(*shape)), params, versions)
+        _scan_run_by_run(session, list(_scan_where(bound, ended)), params, versions)
 
 
 def _scan_run_by_run(session: Session, where: list, params: dict,

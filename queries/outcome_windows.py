@@ -24,6 +24,25 @@ def run_conditions(window: TimeWindow, agent_id: str | None) -> list:
     return found
 
 
+def run_params(window: TimeWindow, agent_id: str | None) -> dict:
+    """The values of ``bound_run_conditions`` for a window and an agent (or all agents)."""
+    values = {"run_from": window.start, "run_to": window.end, "run_agent": agent_id}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def bound_run_conditions(names: tuple[str, ...]) -> list:
+    """``run_conditions`` with the bounds and the agent as bound parameters named as in
+    ``run_params``: one statement serves every window with the same set bounds."""
+    found = []
+    if "run_from" in names:
+        found.append(AgentRun.created_at >= bindparam("run_from"))
+    if "run_to" in names:
+        found.append(AgentRun.created_at < bindparam("run_to"))
+    if "run_agent" in names:
+        found.append(AgentRun.agent_id == bindparam("run_agent"))
+    return found
+
+
 def midnight(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 

@@ -42,8 +42,8 @@ PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
 REPLICA_CONNECT_TIMEOUT_SECONDS = 2
 DEFAULT_REPLICA_MAX_WAIT_MS = 100
 DEFAULT_REPLICA_RETRY_SECONDS = 5.0
-LAGGING_SECONDS = 1.0
-PING_AFTER_IDLE_SECONDS = 1.0  # a primary connection idle this long is pinged before use  # after a wait in vain, reads do not wait for the replica this long
+LAGGING_SECONDS = 1.0  # after a wait in vain, reads do not wait for the replica this long
+PING_AFTER_IDLE_SECONDS = 1.0  # a primary connection idle this long is pinged before use
 REPLICA_APPLICATION_NAME = "agentledger-replica-read"
 
 log = logging.getLogger("agentledger.core.database")

@@ -9,11 +9,12 @@ import functools
 from datetime import UTC, datetime
 
 import psycopg
-from sqlalchemy import Select, Table, func, null, text
+from sqlalchemy import Select, Table, func, null, select, text, type_coerce
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert
 from agentledger.core.database import PENDING_NOTIFICATIONS
+from agentledger.core.schema import UTCDateTime
 
 EVENTS_CHANNEL = "agentledger_events"
 QUEUE_CHANNEL = "agentledger_queue"
@@ -88,6 +89,24 @@ def for_update(stmt: Select, session: Session, *, skip_locked: bool = False) -> 
     return stmt
 
 
+def locked_with_clock(stmt: Select, dialect_name: str, *, skip_locked: bool = False,
+                      order_by: tuple[str, ...] = ()) -> Select:
+    """``stmt``'s rows, locked, with a ``now`` column to pass to ``now(read=…)``: one round
+    trip for the locks and the clock an operation stamps its writes with.
+
+    On PostgreSQL ``stmt`` becomes a ``MATERIALIZED`` CTE with ``FOR UPDATE`` and the outer
+    select reads ``clock_timestamp()`` only once the CTE has returned a locked row, so the
+    time is read after any wait for the lock, as ``now`` requires. ``order_by`` names columns
+    of ``stmt`` to order the outer select by (a CTE's order is not kept). On SQLite, whose
+    write lock is already held and whose clock is this process's, ``now`` is NULL.
+    """
+    if dialect_name != "postgresql":
+        return stmt.add_columns(null().label("now"))
+    locked = stmt.with_for_update(skip_locked=skip_locked).cte("locked").prefix_with("MATERIALIZED")
+    return (select(*locked.c, type_coerce(clock_column(dialect_name), UTCDateTime).label("now"))
+            .order_by(*(locked.c[c] for c in order_by)))
+
+
 _NOTIFY = text("SELECT pg_notify(:c, :p)")
 
 
@@ -97,7 +116,7 @@ def notify(session: Session, channel: str, payload: str) -> None:
     Other processes hear it through PostgreSQL's NOTIFY; this process's own listeners get it
     from ``Database.write`` after the commit (on SQLite that is the only fast path).
     """
-    session.info.setdefault(PENDING_NOTIFICATIONS, []).append((channel, payload))
+    notified(session, channel, payload)
     if name(session) == "postgresql":
         session.execute(_NOTIFY, {"c": channel, "p": payload})
 
