@@ -1,13 +1,15 @@
 """Write throughput: run creation and event appends over HTTP vs the raw psycopg baseline.
 
 Each phase runs N client threads (4 by default) for a fixed time; each thread has its own
-``requests.Session`` (keep-alive) or its own psycopg connection and does one operation after
+keep-alive HTTP connection (``bench.common.LeanHTTP``: a light client, as the clients share the
+machine's cores with the server) or its own psycopg connection and does one operation after
 another. Throughput = operations completed by all clients / wall time; latency percentiles are
 over every operation. The HTTP server is a real ``agentledger serve --no-worker`` subprocess.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from bench import baseline
 from bench.common import (
     BENCH_AGENT,
     BENCH_EXECUTOR,
+    LeanHTTP,
     Row,
     Sizes,
     cancel_left_queued,
@@ -99,18 +102,20 @@ def run_creation(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Ro
     workers = []
     for i in range(CLIENTS):
         owner = f"bench-user-{i}"
-        http = http_session(token(db, owner, "user"))
-        session_id = http.post(f"{base_url}/api/sessions",
-                               json={"agent_id": BENCH_AGENT, "title": "bench"}).json()["id"]
+        http = LeanHTTP(base_url, token(db, owner, "user"))
+        status, body = http.post("/api/sessions", {"agent_id": BENCH_AGENT, "title": "bench"})
+        if status != 201:
+            raise RuntimeError(f"creating the session: {status} {body[:200]!r}")
+        session_id = json.loads(body)["id"]
         counter = iter(range(10**9))
 
         def post(http=http, session_id=session_id, counter=counter, i=i) -> None:
             n = next(counter)
-            reply = http.post(f"{base_url}/api/sessions/{session_id}/messages",
-                              json={"content": f"bench {n}"},
-                              headers={"Idempotency-Key": f"bench-{i}-{n}-{time.time_ns()}"})
-            if reply.status_code != 202:
-                raise RuntimeError(f"{reply.status_code} {reply.text[:200]}")
+            status, body = http.post(f"/api/sessions/{session_id}/messages",
+                                     {"content": f"bench {n}"},
+                                     {"Idempotency-Key": f"bench-{i}-{n}-{time.time_ns()}"})
+            if status != 202:
+                raise RuntimeError(f"{status} {body[:200]!r}")
 
         workers.append(post)
     project = run_clients(workers, sizes.write_seconds)
@@ -188,17 +193,17 @@ def appends(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Row]:
         log(f"appends, batches of {batch}: {CLIENTS} HTTP clients for {sizes.write_seconds}s")
         workers = []
         for i in range(CLIENTS):
-            http = http_session(executor_token)
+            http = LeanHTTP(base_url, executor_token)
             mine = http_runs[i::CLIENTS]
             turn = iter(range(10**9))
 
             def append(http=http, mine=mine, turn=turn, batch=batch) -> None:
                 run_id = mine[next(turn) % len(mine)]
-                reply = http.post(f"{base_url}/api/executor/runs/{run_id}/events", json={
+                status, body = http.post(f"/api/executor/runs/{run_id}/events", {
                     "executor_instance_id": BENCH_EXECUTOR,
                     "events": [{"type": "message.delta", "data": {"text": "x "}}] * batch})
-                if reply.status_code != 200:
-                    raise RuntimeError(f"{reply.status_code} {reply.text[:200]}")
+                if status != 200:
+                    raise RuntimeError(f"{status} {body[:200]!r}")
 
             workers.append(append)
         project = run_clients(workers, sizes.write_seconds)

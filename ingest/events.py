@@ -132,7 +132,7 @@ def _insert_events(session: Session, rows: list[tuple]) -> None:
         # executemany of 100 INSERTs spends more time in the driver than in the database.
         dialect.copy_rows(session, "run_event", _EVENT_COLUMNS, (r[:6] for r in rows))
         return
-    session.execute(_INSERT_EVENT, [
+    execute(session, _INSERT_EVENT, [
         {"run_id": r[0], "seq": r[1], "type": r[2], "data": r[6], "created_at": r[4],
          "hash": r[5]} for r in rows
     ])
@@ -229,7 +229,7 @@ def append_events(
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
     postgres = dialect.name(session) == "postgresql"
-    updated = session.execute(_ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN, {
+    updated = execute(session, _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
