@@ -19,6 +19,9 @@ What it does, in order, in one process:
 
 Timing: ``time.perf_counter()`` around each complete operation, in the bench process.
 Throughput phases run a fixed time (10 s each; 2 s with ``--quick``) with 4 client threads.
+The HTTP write clients are ``bench.common.LeanHTTP`` (``http.client``, keep-alive, 0.2 ms of
+client CPU per request here; ``requests`` took 0.9 ms of the same two cores the server runs on),
+so that the ratio to raw psycopg compares the server's work, not the client library's.
 Latency percentiles (p50/p95/p99, linear interpolation between ranks) come from 300 samples per
 point read, 100 per list read, 50 per outcomes window (30/10/5 with ``--quick``: there p99 is
 about the maximum), each after 2 warm-up calls; SSE from 300 appends (40 quick); the peer from
