@@ -65,13 +65,18 @@ def _load_row(load: dataset.LoadResult) -> Row:
                    status="n/a", note="data set reused: load not measured (use --reload)",
                    detail={"path": load.path})
     eps = load.events_per_second
+    importer_us, database_us = load.cpu_us_per_event()
+    cpu = (f"; CPU per event: importer {importer_us} µs (this process and its workers), "
+           f"PostgreSQL {database_us} µs, on {os.cpu_count()} CPUs"
+           if importer_us is not None and database_us is not None else "")
     return Row("load", "bulk import / demo seed (events/s)", "events/s", eps, None, None,
                {"path": load.path, "seconds": round(load.seconds, 1), "runs_per_s": load.runs_per_second,
                 "rows_per_s": load.rows_per_second, "runs_added": load.runs_added,
-                "events_added": load.events_added},
+                "events_added": load.events_added, "importer_cpu_us_per_event": importer_us,
+                "postgres_cpu_us_per_event": database_us},
                f"≥ {LOAD_GOAL:,} events/s", "pass" if eps and eps >= LOAD_GOAL else "miss",
                f"{load.runs_per_second} runs/s, {load.rows_per_second} rows/s (all tables); "
-               f"path: {load.path}")
+               f"path: {load.path}{cpu}")
 
 
 def _sse_sqlite(workdir: Path, sizes: Sizes) -> list[Row]:

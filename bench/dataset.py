@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database, normalize_url
@@ -37,6 +39,17 @@ class LoadResult:
     rows_added: int
     runs_added: int
     events_added: int
+    # CPU seconds the load took: this process with its preparing workers, and PostgreSQL's
+    # processes on this machine (None when the database is not a local PostgreSQL)
+    importer_cpu: float | None = None
+    database_cpu: float | None = None
+
+    def cpu_us_per_event(self) -> tuple[float | None, float | None]:
+        if not self.events_added:
+            return None, None
+        per = [None if cpu is None else round(cpu / self.events_added * 1e6, 1)
+               for cpu in (self.importer_cpu, self.database_cpu)]
+        return per[0], per[1]
 
     @property
     def rows_per_second(self) -> float | None:
@@ -100,9 +113,12 @@ def ensure(url: str, runs: int, *, reload: bool, seed: int = 42) -> LoadResult:
 
     settings = Settings(database_url=url)
     load = demo.bulk_seed if bulk else demo.seed
-    start = time.perf_counter()
+    start, importer, database = time.perf_counter(), _own_cpu(), _postgres_cpu(url)
     load(settings, runs=roots, days=DAYS, seed=seed + before["agent_run"], progress=os.isatty(2))
     seconds = time.perf_counter() - start
+    importer = _own_cpu() - importer
+    database_after = _postgres_cpu(url)
+    database = None if database is None or database_after is None else database_after - database
     db = Database(url)
     try:
         after = counts(db)
@@ -111,10 +127,43 @@ def ensure(url: str, runs: int, *, reload: bool, seed: int = 42) -> LoadResult:
     added = sum(after.values()) - sum(before.values())
     result = LoadResult(False, path, seconds, after["agent_run"], after["run_event"], added,
                         after["agent_run"] - before["agent_run"],
-                        after["run_event"] - before["run_event"])
+                        after["run_event"] - before["run_event"], importer, database)
+    per_importer, per_database = result.cpu_us_per_event()
     log(f"loaded {result.runs_added} runs / {result.events_added} events in {seconds:.1f}s: "
-        f"{result.runs_per_second} runs/s, {result.events_per_second} events/s")
+        f"{result.runs_per_second} runs/s, {result.events_per_second} events/s; CPU per event: "
+        f"importer {per_importer} µs, PostgreSQL {per_database} µs")
     return result
+
+
+def _own_cpu() -> float:
+    """User + system CPU of this process and of its children that have ended (the import's
+    preparing workers are joined before it returns)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _postgres_cpu(url: str) -> float | None:
+    """CPU seconds so far of every ``postgres`` process on this machine (its backends, WAL
+    writer, checkpointer, autovacuum), or None when the database is not a PostgreSQL here."""
+    if not is_postgres(url) or make_url(normalize_url(url)).host not in (
+            None, "", "localhost", "127.0.0.1", "::1"):
+        return None
+    ticks, total, seen = os.sysconf("SC_CLK_TCK"), 0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if name.startswith("postgres"):
+            seen = True
+            # utime, stime, and cutime, cstime: a backend that has exited (its connection
+            # closed) is counted in the postmaster's children's time once reaped
+            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    return total / ticks if seen else None
 
 
 def analyze(url: str) -> None:

@@ -98,6 +98,9 @@ def test_quick_bench_on_postgresql(fresh_pg_url, tmp_path):
     # PostgreSQL runs have the raw psycopg baseline beside the project's numbers.
     assert rows[("writes", "run creation, 4 clients")]["raw"]
     assert rows[("reads", "provenance")]["detail"]["raw"]["n"] > 0
+    # The load says where its CPU went: the importer's processes and the local PostgreSQL's.
+    load = rows[("load", "bulk import / demo seed (events/s)")]["detail"]
+    assert load["importer_cpu_us_per_event"] > 0 and load["postgres_cpu_us_per_event"] > 0
 
 
 @pytest.mark.slow
@@ -121,3 +124,26 @@ def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
     for line in lines.values():
         cells = [c.strip() for c in line.strip("|").split("|")[1:]]
         assert all(float(c) > 0 for c in cells), line
+
+
+def test_spread_reports_each_run_and_whether_every_run_met_the_target(tmp_path):
+    def run(stamp: str, p95: float, status: str) -> Path:
+        path = tmp_path / f"{stamp}.json"
+        path.write_text(json.dumps({"started_at": stamp, "rows": [
+            {"section": "reads", "name": "agent + version outcomes, 1h", "unit": "ms p95",
+             "project": p95, "target": "queries p95 ≤ 20 ms", "status": status},
+            {"section": "reads", "name": "run list", "unit": "ms p95", "project": 3.0,
+             "target": "", "status": "n/a"},
+        ]}))
+        return path
+
+    files = [run("a", 7.5, "pass"), run("b", 21.0, "miss"), run("c", 9.25, "pass")]
+    done = subprocess.run([sys.executable, "-m", "bench.spread", *map(str, files)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| reads")]
+    assert len(rows) == 1  # rows without a target are not judged
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[3:6] == ["7.5", "21", "9.25"]
+    assert cells[6] == "7.5 – 21"
+    assert cells[8] == "no (pass, miss, pass)"
