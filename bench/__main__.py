@@ -19,6 +19,7 @@ from bench.common import (
     Row,
     Server,
     Sizes,
+    calibration_ms,
     ensure_bench_agent,
     is_postgres,
     log,
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     workdir = Path(tempfile.mkdtemp(prefix="agentledger-bench-"))
     log(f"logs and scratch files in {workdir}")
+    calibration_at_start = calibration_ms()
 
     load = dataset.ensure(url, runs, reload=args.reload)
     if not load.reused:
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": started_at,
         "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "seconds": round(time.perf_counter() - started, 1),
-        "machine": report.machine_info(url),
+        "machine": {**report.machine_info(url),
+                    "calibration_ms": [calibration_at_start, calibration_ms()]},
         "config": {"quick": args.quick, "runs_requested": runs, "skip_peer": args.skip_peer,
                    "server_workers": args.server_workers,
                    "sizes": sizes.__dict__},

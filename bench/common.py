@@ -56,6 +56,29 @@ class Sizes:
                    peer_seconds=3.0)
 
 
+# ---- the machine's own speed -----------------------------------------------------------------
+
+
+def calibration_ms() -> float:
+    """CPU milliseconds of a fixed pure-Python workload (canonical JSON and SHA-256 of 2,000
+    event-like records, the ledger's per-event work), best of 5.
+
+    The bench's machine may be shared: on a virtual machine the same code and data measured
+    2× apart in consecutive runs. This figure, taken at the start and the end of a run, says
+    whether the machine itself was slower, so runs on different days can be compared."""
+    from agentledger.core.hashing import canonical_json, sha256_hex
+
+    records = [{"type": "message.delta", "data": {"text": f"token {i} ", "index": i},
+                "run_id": f"run_{i:026d}", "seq": i} for i in range(2000)]
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for record in records:
+            sha256_hex(canonical_json(record))
+        best = min(best, time.process_time() - start)
+    return round(best * 1000, 2)
+
+
 # ---- statistics ------------------------------------------------------------------------------
 
 

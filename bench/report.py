@@ -80,6 +80,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"| database | {m['database']} {m.get('postgresql') or m.get('sqlite') or ''} |",
         f"| git commit | {m['git_commit']} |",
         f"| platform | {m['platform']} |",
+        *([f"| calibration (fixed Python workload, CPU ms, best of 5; start / end) | "
+           f"{m['calibration_ms'][0]} / {m['calibration_ms'][1]} |"]
+          if m.get("calibration_ms") else []),
         "",
         f"Data set: {load['runs']:,} runs, {load['events']:,} events"
         + (" (reused)" if load["reused"] else
