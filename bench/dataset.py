@@ -169,8 +169,7 @@ def _postgres_cpu(url: str) -> float | None:
 def analyze(url: str) -> None:
     """After a load: fresh planner statistics and visibility maps (PostgreSQL autovacuum may
     lag behind), then a checkpoint, so that the reads measured next do not share the disk
-    with the load's dirty pages being written out (the first full run after a reload read
-    the per-agent outcomes 2–3× slower than the runs after it without one)."""
+    with the load's dirty pages being written out."""
     if not is_postgres(url):
         return
     import psycopg
