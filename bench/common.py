@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,22 +339,37 @@ class Server:
         return process_group_cpu_seconds(self.proc.pid)
 
 
-def process_group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of the live processes in process group ``pgid`` (Linux ``/proc``)."""
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One live process's ``/proc/<pid>/stat`` figures, in seconds."""
+
+    name: str
+    group: int
+    own: float       # user + system
+    children: float  # user + system of its children that have exited and been waited for
+
+
+def live_processes() -> Iterator[ProcessCpu]:
+    """Every live process (Linux ``/proc``)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                stat = f.read()
         except OSError:  # the process ended meanwhile
             continue
-        # after "pid (comm)": state ppid pgrp … utime stime (fields 3-4 and 12-13 from here)
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
+        # "pid (comm) state ppid pgrp … utime stime cutime cstime": after the ")", pgrp is
+        # field 2 and the times are fields 11-14 (comm may itself hold spaces and parentheses)
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        yield ProcessCpu(name, int(fields[2]), (int(fields[11]) + int(fields[12])) / ticks,
+                         (int(fields[13]) + int(fields[14])) / ticks)
+
+
+def process_group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of the live processes in process group ``pgid``."""
+    return sum(p.own for p in live_processes() if p.group == pgid)
 
 
 def stop_process_group(proc: subprocess.Popen, *, grace: float) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from agentledger.core.config import Settings
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
-from bench.common import create_pg_database, is_postgres, log
+from bench.common import create_pg_database, is_postgres, live_processes, log
 
 TABLES = ("agent_run", "message", "run_event", "chat_session", "conversation_thread")
 DAYS = 30
@@ -47,9 +47,9 @@ class LoadResult:
     def cpu_us_per_event(self) -> tuple[float | None, float | None]:
         if not self.events_added:
             return None, None
-        per = [None if cpu is None else round(cpu / self.events_added * 1e6, 1)
-               for cpu in (self.importer_cpu, self.database_cpu)]
-        return per[0], per[1]
+        importer, database = (None if cpu is None else round(cpu / self.events_added * 1e6, 1)
+                              for cpu in (self.importer_cpu, self.database_cpu))
+        return importer, database
 
     @property
     def rows_per_second(self) -> float | None:
@@ -148,22 +148,9 @@ def _postgres_cpu(url: str) -> float | None:
     if not is_postgres(url) or make_url(normalize_url(url)).host not in (
             None, "", "localhost", "127.0.0.1", "::1"):
         return None
-    ticks, total, seen = os.sysconf("SC_CLK_TCK"), 0, False
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        if name.startswith("postgres"):
-            seen = True
-            # utime, stime, and cutime, cstime: a backend that has exited (its connection
-            # closed) is counted in the postmaster's children's time once reaped
-            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    return total / ticks if seen else None
+    # A backend that has exited (its connection closed) is in the postmaster's children's time.
+    found = [p.own + p.children for p in live_processes() if p.name.startswith("postgres")]
+    return sum(found) if found else None
 
 
 def analyze(url: str) -> None:

@@ -17,30 +17,36 @@ R = AgentOutcomeRollup.__table__.c
 H = AgentOutcomeRollupHour.__table__.c
 
 
-def run_conditions(window: TimeWindow, agent_id: str | None) -> list:
-    found = window.conditions(AgentRun.created_at)
-    if agent_id is not None:
-        found.append(AgentRun.agent_id == agent_id)
+def _run_conditions(start, end, agent) -> list:
+    """Runs created in [start, end) of ``agent``; each is a value, a bind parameter or None
+    (no such bound)."""
+    found = []
+    if start is not None:
+        found.append(AgentRun.created_at >= start)
+    if end is not None:
+        found.append(AgentRun.created_at < end)
+    if agent is not None:
+        found.append(AgentRun.agent_id == agent)
     return found
+
+
+def run_conditions(window: TimeWindow, agent_id: str | None) -> list:
+    return _run_conditions(window.start, window.end, agent_id)
+
+
+RUN_PARAMS = ("run_from", "run_to", "run_agent")
 
 
 def run_params(window: TimeWindow, agent_id: str | None) -> dict:
     """The values of ``bound_run_conditions`` for a window and an agent (or all agents)."""
-    values = {"run_from": window.start, "run_to": window.end, "run_agent": agent_id}
+    values = dict(zip(RUN_PARAMS, (window.start, window.end, agent_id), strict=True))
     return {k: v for k, v in values.items() if v is not None}
 
 
 def bound_run_conditions(names: tuple[str, ...]) -> list:
     """``run_conditions`` with the bounds and the agent as bound parameters named as in
     ``run_params``: one statement serves every window with the same set bounds."""
-    found = []
-    if "run_from" in names:
-        found.append(AgentRun.created_at >= bindparam("run_from"))
-    if "run_to" in names:
-        found.append(AgentRun.created_at < bindparam("run_to"))
-    if "run_agent" in names:
-        found.append(AgentRun.agent_id == bindparam("run_agent"))
-    return found
+    return _run_conditions(*(bindparam(n) if n in names else None for n in RUN_PARAMS))
 
 
 def midnight(moment: datetime) -> datetime:
