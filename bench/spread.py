@@ -19,6 +19,11 @@ def _value(row: dict) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _figure(value: float) -> str:
+    """Three significant digits, never an exponent (24,677 rather than 2.47e+04)."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def spread(runs: list[dict], match: str | None = None) -> str:
     """The table for ``runs`` (parsed result files, oldest first)."""
     names: list[tuple[str, str]] = []
@@ -43,8 +48,8 @@ def spread(runs: list[dict], match: str | None = None) -> str:
         statuses = [r["status"] if r else "absent" for r in found]
         every = ("yes" if all(s == "pass" for s in statuses)
                  else "no (" + ", ".join(statuses) + ")")
-        cells = " | ".join(f"{v:,.3g}" if v is not None else "—" for v in values)
-        extent = f"{min(measured):,.3g} – {max(measured):,.3g}" if measured else "—"
+        cells = " | ".join(_figure(v) if v is not None else "—" for v in values)
+        extent = f"{_figure(min(measured))} – {_figure(max(measured))}" if measured else "—"
         lines.append(f"| {section} | {name} | {unit} | {cells} | {extent} | {target} | {every} |")
     return "\n".join(lines) + "\n"
 
