@@ -97,6 +97,18 @@ _ADVANCE_RUN = update(AgentRun.__table__).where(
 _ADVANCE_RUN_NOTIFYING = _ADVANCE_RUN.returning(
     func.pg_notify(literal(dialect.EVENTS_CHANNEL), AgentRun.__table__.c.id))
 
+# One event and the head it moves in one statement on PostgreSQL (the INSERT as a
+# data-modifying CTE of the compare-and-set): a single-event append, the commonest, costs one
+# round trip fewer. The event's parameters are the ``event_*`` names.
+_APPENDED_EVENT = insert(RunEvent.__table__).values(
+    run_id=bindparam("event_run_id"), seq=bindparam("event_seq"), type=bindparam("event_type"),
+    data=bindparam("event_data"), created_at=bindparam("event_created_at"),
+    hash=bindparam("event_hash"),
+).cte("appended_event")
+_ADVANCE_RUN_WITH_EVENT = _ADVANCE_RUN_NOTIFYING.add_cte(_APPENDED_EVENT)
+_APPENDED_EVENT_PARAMS = ("event_run_id", "event_seq", "event_type", "event_data",
+                          "event_created_at", "event_hash")
+
 # Events whose data the ledger itself makes of ids, times and its own words: redacting them
 # (a custom pattern that matches digits) could only break the links they record.
 NOT_REDACTED = frozenset({"run.queued", "run.started", "run.child_created", "run.child_finished",
@@ -225,11 +237,17 @@ def append_events(
         data_json = canonical_json(item.data)
         chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
         rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
-    _insert_events(session, rows)
+    postgres = dialect.name(session) == "postgresql"
+    advance = _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN
+    if postgres and len(rows) == 1:
+        advance = _ADVANCE_RUN_WITH_EVENT
+        values.update(zip(_APPENDED_EVENT_PARAMS, (run_id, seq, rows[0][2], rows[0][6], now,
+                                                   chain), strict=True))
+    else:
+        _insert_events(session, rows)
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    postgres = dialect.name(session) == "postgresql"
-    updated = execute(session, _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN, {
+    updated = execute(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
