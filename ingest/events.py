@@ -19,7 +19,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
-from agentledger.core.database import execute
+from agentledger.core.database import execute, read_one
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
@@ -66,7 +66,7 @@ class _Pending:
 
 def lock_run(session: Session, run_id: str):
     """The run's row, locked until the transaction ends."""
-    row = execute(session, _lock_statement(session), {"run_id": run_id}).one_or_none()
+    row = read_one(session, _lock_statement(session), {"run_id": run_id})
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
     return row

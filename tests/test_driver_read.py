@@ -4,15 +4,19 @@ connection that is left as the pool expects it, and failures that look like SQLA
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import psycopg
 import pytest
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError
 
+from agentledger.core.database import read_one
 from agentledger.core.driver_read import DriverRead
 from agentledger.core.schema import AgentRun, ApiToken
 from ingest.tokens import create_token, revoke_token
 from queries.principals import _BY_HASH, principal_from_row, principal_lookup
+from tests.support.factories import make_agent, make_session, post
 
 pytestmark = pytest.mark.pg_only
 
@@ -43,14 +47,28 @@ def test_the_principal_lookup_takes_the_driver_path_and_answers_as_before(pg_db)
     assert pg_db.read_row(*principal_lookup(token_hash="0" * 64)) is None
 
 
-def test_a_statement_that_needs_conversion_is_left_to_sqlalchemy(pg_db):
+def test_a_statement_with_a_bind_conversion_is_left_to_sqlalchemy(pg_db):
     engine = pg_db.primary_read_engine
-    # UTCDateTime converts results, and binds: SQLAlchemy runs such a statement.
-    times = select(AgentRun.created_at).where(AgentRun.id == bindparam("run_id"))
-    assert DriverRead.of(times, engine) is None
-    since = select(ApiToken.id).where(ApiToken.created_at >= bindparam("since"))
+    since = select(ApiToken.id).where(ApiToken.created_at >= bindparam("since"))  # UTCDateTime
     assert DriverRead.of(since, engine) is None
     assert DriverRead.of(text("SELECT 1"), engine) is None  # no typed result columns
+
+
+def test_result_columns_are_converted_as_sqlalchemy_converts_them(pg_db):
+    run_id = _queued_run(pg_db)
+    for stmt in (select(AgentRun.created_at, AgentRun.status, AgentRun.started_at)
+                 .where(AgentRun.id == bindparam("run_id")),
+                 _lock_statement_of(pg_db)):
+        with pg_db.write() as s:
+            expected = s.execute(stmt, {"run_id": run_id}).one()
+            found = read_one(s, stmt, {"run_id": run_id})
+        assert DriverRead.of(stmt, pg_db.engine) is not None
+        assert found._fields == tuple(expected._fields)
+        assert [type(v) for v in found] == [type(v) for v in expected]
+        assert found.created_at == expected.created_at and found.created_at.tzinfo is UTC
+        assert found.status == "queued" and found.started_at is None
+    with pg_db.write() as s:
+        assert read_one(s, stmt, {"run_id": "run_missing"}) is None
 
 
 def test_the_pooled_connection_goes_back_out_of_autocommit_and_idle(pg_db):
@@ -80,3 +98,28 @@ def test_a_connection_killed_under_the_read_fails_as_dbapi_error_and_is_replaced
     assert failed.value.connection_invalidated
     assert pg_db.read_row(*principal_lookup(token_hash="0" * 64)) is None
     assert _backend_pid(pg_db) != pid
+
+
+def test_a_failing_statement_in_a_transaction_raises_dbapi_error_and_rolls_back(pg_db):
+    from sqlalchemy import literal_column
+
+    bad = select(literal_column("1 / 0", AgentRun.last_event_seq.type).label("x"))
+    with pytest.raises(DBAPIError) as failed:
+        with pg_db.write() as s:
+            read_one(s, bad, {})
+    assert isinstance(failed.value.orig, psycopg.errors.DivisionByZero)
+    assert not failed.value.connection_invalidated
+    with pg_db.write() as s:  # the pool's connection is usable again
+        assert s.execute(text("SELECT 1")).scalar_one() == 1
+
+
+def _lock_statement_of(db):
+    from ingest.events import _lock_statement
+
+    with db.write() as s:
+        return _lock_statement(s)
+
+
+def _queued_run(db) -> str:
+    make_agent(db)
+    return post(db, make_session(db)).run_id
