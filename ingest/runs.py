@@ -15,7 +15,7 @@ from sqlalchemy import String, and_, bindparam, func, insert, literal, select, t
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert, dialect
-from agentledger.core.database import execute
+from agentledger.core.database import execute, read_one
 from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
 from agentledger.core.hashing import (
     GENESIS_HASH,
@@ -304,11 +304,11 @@ def post_message(
     if checksum is None:
         raise ValueError("post_message needs the request or its checksum")
     key_hash = idempotency_key_hash(idempotency_key)
-    chat = execute(
+    chat = read_one(
         session, _lookup_statement(dialect.name(session), scoped=visible_to is not None),
         {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
          "key_hash": key_hash},
-    ).one_or_none()
+    )
     if chat is None:
         raise NotFound(f"session {session_id} does not exist")
     # The run belongs to the conversation's owner, and so does the idempotency key space
