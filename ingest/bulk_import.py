@@ -142,7 +142,7 @@ _RUN_COLUMNS = (
     "user_message_id", "last_event_seq", "last_event_hash", "executor_instance_id",
     "lease_expires_at", "last_heartbeat_at", "idempotency_key_hash", "request_checksum",
     "final_message_id", "error", "created_at", "started_at", "finished_at", "end_reason",
-    "redaction_count",
+    "redaction_count", "usage_input_tokens", "usage_output_tokens", "usage_cost_usd",
 )
 _JSON_RUN_COLUMNS = ("agent_execution_snapshot", "context_pack_snapshot", "error")
 _MESSAGE_COLUMNS = ("id", "session_id", "thread_id", "owner_id", "role", "content", "run_id",
@@ -339,6 +339,7 @@ class BulkImporter:
             key_hash = idempotency_key_hash(run.idempotency_key)
             checksum = request_checksum(f"/api/sessions/{session_id}/messages",
                                         {"content": run_input})
+        tokens_in, tokens_out, cost = usage_totals(usage)
         batch.runs.append({
             "id": run.id, "thread_id": thread_id, "session_id": session_id,
             "root_run_id": root_id, "parent_run_id": parent.id if parent else None,
@@ -354,8 +355,9 @@ class BulkImporter:
             "error": None if changes.get("error") is None else canonical_json(changes["error"]),
             "created_at": created, "started_at": started_at, "finished_at": finished_at,
             "end_reason": changes.get("end_reason"), "redaction_count": redactions + redactor.count,
+            "usage_input_tokens": tokens_in, "usage_output_tokens": tokens_out,
+            "usage_cost_usd": cost,
         })
-        tokens_in, tokens_out, cost = usage_totals(usage)
         batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,
                                     finished_at, tokens_in, tokens_out, cost))
         del snapshot

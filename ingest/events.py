@@ -238,15 +238,25 @@ def append_events(
         chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
         rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
     postgres = dialect.name(session) == "postgresql"
-    advance = _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN
-    if postgres and len(rows) == 1:
-        advance = _ADVANCE_RUN_WITH_EVENT
+    # On PostgreSQL a single event goes in with the head advance (one statement).
+    with_advance = postgres and len(rows) == 1
+    if with_advance:
         values.update(zip(_APPENDED_EVENT_PARAMS, (run_id, seq, rows[0][2], rows[0][6], now,
                                                    chain), strict=True))
     else:
         _insert_events(session, rows)
+    usage = None
+    if status in TERMINAL:
+        # The run's usage totals are final with its terminal event (always its last); they go
+        # on its row with the ending, and into the rollup below. Every usage event is stored
+        # by now: a batch still to go in with the head advance is the terminal event alone.
+        usage = run_usage(session, run_id)
+        values.update(zip(("usage_input_tokens", "usage_output_tokens", "usage_cost_usd"), usage,
+                          strict=True))
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
+    advance = (_ADVANCE_RUN_WITH_EVENT if with_advance
+               else _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN)
     updated = execute(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
@@ -262,10 +272,9 @@ def append_events(
         session.execute(update(AgentRun).where(AgentRun.id == run_id).values(
             redaction_count=AgentRun.redaction_count + redactor.count))
 
-    if status in TERMINAL:
+    if usage is not None:
         # The outcome rollup moves in the same transaction as the run's ending (ingest.rollup).
-        # The batch's events are inserted already: this reads every usage event of the run.
-        tokens_in, tokens_out, cost = run_usage(session, run_id)
+        tokens_in, tokens_out, cost = usage
         record_run_end(session, RunOutcome(
             agent_id=run.agent_id, agent_version=run.agent_version, status=status,
             created_at=run.created_at, started_at=values.get("started_at", run.started_at),

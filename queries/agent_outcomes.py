@@ -3,7 +3,9 @@
 For runs created in a window: counts and rates by terminal status, latency percentiles (p50,
 p95, p99 of started → finished, for runs that ran and ended), queue wait (created → started),
 tokens and cost summed from ``usage`` events (cost over the runs whose cost is known, with the
-number of runs that had no price). Ended runs are read from the incrementally maintained rollups
+number of runs that had no price; a scanned run that ended with its totals recorded on its row,
+``agent_run.usage_*``, is read from there, not from its events). Ended runs are read from the
+incrementally maintained rollups
 (whole UTC days, and whole hours of partial days; ``queries.outcome_windows`` plans the window),
 so a window of any length scans at most two partial hours of runs; percentiles are histogram
 estimates. A run counts under the agent version frozen in its snapshot
@@ -238,21 +240,29 @@ def _scan_run_by_run(session: Session, where: list, params: dict,
                      versions: dict[tuple[str, int], OutcomeSums]) -> None:
     runs = session.execute(
         select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
-               AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at).where(*where),
+               AgentRun.created_at, AgentRun.started_at, AgentRun.finished_at,
+               AgentRun.usage_input_tokens, AgentRun.usage_output_tokens,
+               AgentRun.usage_cost_usd).where(*where),
         params,
     ).all()
+    unrecorded = False
     for r in runs:
         latency = wait = None
         if r.started_at is not None:
             wait = (r.started_at - r.created_at).total_seconds()
             if r.status in TERMINAL and r.finished_at is not None:
                 latency = (r.finished_at - r.started_at).total_seconds()
-        versions.setdefault((r.agent_id, r.agent_version), OutcomeSums()).add_run(
-            r.status, latency, wait)
-    if not runs:
+        acc = versions.setdefault((r.agent_id, r.agent_version), OutcomeSums())
+        acc.add_run(r.status, latency, wait)
+        if r.usage_input_tokens is None:
+            unrecorded = True
+        else:  # the totals recorded when it ended
+            acc.add_usage(r.usage_input_tokens, r.usage_output_tokens, r.usage_cost_usd)
+    if not unrecorded:
         return
     usage: dict[str, tuple[tuple[str, int], list[dict]]] = {}
-    for r in session.execute(usage_of_runs(where), params):
+    for r in session.execute(usage_of_runs([*where, AgentRun.usage_input_tokens.is_(None)]),
+                             params):
         usage.setdefault(r.id, ((r.agent_id, r.agent_version), []))[1].append(r.data)
     for key, datas in usage.values():
         versions[key].add_usage(*usage_totals(datas))
@@ -272,20 +282,28 @@ def summed_runs(where: list):
                # null when the run has no usage event at all
                func.bool_or(func.jsonb_extract_path_text(RunEvent.data, "cost_usd").is_(None))
                .label("unpriced"))
-        # only a run that started can have progress events: a backlog of queued runs costs no
-        # read of their events (PostgreSQL checks the run's column before scanning)
-        .where(AgentRun.started_at.is_not(None), RunEvent.run_id == AgentRun.id,
-               RunEvent.type == "usage")
+        # only a run that started can have progress events, and a run that ended with its
+        # totals recorded needs none of them: neither costs a read of its events (PostgreSQL
+        # checks the run's columns before scanning)
+        .where(AgentRun.started_at.is_not(None), AgentRun.usage_input_tokens.is_(None),
+               RunEvent.run_id == AgentRun.id, RunEvent.type == "usage")
         .lateral("usage")
     )
+    recorded = AgentRun.usage_input_tokens.is_not(None)
     latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
                          AgentRun.started_at.is_not(None)),
                     exact_seconds_pg(AgentRun.finished_at, AgentRun.started_at)))
     wait = case((AgentRun.started_at.is_not(None),
                  exact_seconds_pg(AgentRun.started_at, AgentRun.created_at)))
     runs = (select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
-                   latency.label("latency"), wait.label("wait"), usage.c.tokens_in,
-                   usage.c.tokens_out, usage.c.cost, usage.c.unpriced)
+                   latency.label("latency"), wait.label("wait"),
+                   func.coalesce(AgentRun.usage_input_tokens, usage.c.tokens_in)
+                   .label("tokens_in"),
+                   func.coalesce(AgentRun.usage_output_tokens, usage.c.tokens_out)
+                   .label("tokens_out"),
+                   case((recorded, AgentRun.usage_cost_usd), else_=usage.c.cost).label("cost"),
+                   case((recorded, AgentRun.usage_cost_usd.is_(None)), else_=usage.c.unpriced)
+                   .label("unpriced"))
             .select_from(AgentRun).join(usage, true()).where(*where).subquery())
     lat_bucket = histogram_bucket_pg(runs.c.latency)
     wait_bucket = histogram_bucket_pg(runs.c.wait)

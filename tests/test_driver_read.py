@@ -10,13 +10,13 @@ import psycopg
 import pytest
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError
+from support.factories import make_agent, make_session, post
 
 from agentledger.core.database import read_one
 from agentledger.core.driver_read import DriverRead
 from agentledger.core.schema import AgentRun, ApiToken
 from ingest.tokens import create_token, revoke_token
 from queries.principals import _BY_HASH, principal_from_row, principal_lookup
-from tests.support.factories import make_agent, make_session, post
 
 pytestmark = pytest.mark.pg_only
 

@@ -251,3 +251,54 @@ def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
                     theirs.n, theirs.min, theirs.max, theirs.histogram), key
                 assert mine.total == pytest.approx(theirs.total, rel=1e-12)
     assert any(acc.runs_without_cost for acc in by_python.values())
+
+
+def test_outcomes_read_the_same_with_or_without_recorded_usage_totals(db):
+    """Runs that ended before ``agent_run.usage_*`` existed have none recorded (NULL): the
+    scans sum their events instead, so every answer is the same."""
+    from sqlalchemy import update
+
+    from agentledger.core.schema import AgentRun
+
+    random_lifecycles(db, random.Random(13), 40)
+    chat = h.chat(db, owner="carol", agent_id="alpha")
+    unpriced = h.ask(db, chat, "q", owner="carol", when=h.T0 + timedelta(hours=7)).run_id
+    h.start(db, unpriced, h.T0 + timedelta(hours=8), "w-x")
+    h.usage(db, unpriced, h.T0 + timedelta(hours=8, seconds=1), 10, 2, None, "w-x")
+    h.complete(db, unpriced, h.T0 + timedelta(hours=8, seconds=2), "a", "w-x")
+    windows = [TimeWindow(h.T0 - timedelta(minutes=23), h.T0 + timedelta(days=2, minutes=41)),
+               TimeWindow(h.T0 + timedelta(hours=5, minutes=17), h.T0 + timedelta(hours=9)),
+               TimeWindow()]
+
+    def answers():
+        with db.read() as s:
+            found = [agent_outcomes(s, w).as_dict() for w in windows]
+        return found
+
+    recorded = answers()
+    assert any(v["runs_without_cost"] for a in recorded for v in a["versions"])
+    assert any(v["input_tokens"] for a in recorded for v in a["versions"])
+    with db.write() as s:  # as after the upgrade: half of the ended runs without totals
+        ids = sorted(s.execute(select(AgentRun.id).where(AgentRun.usage_input_tokens.is_not(None)))
+                     .scalars())
+        assert len(ids) > 20
+        s.execute(update(AgentRun).where(AgentRun.id.in_(ids[::2]))
+                  .values(usage_input_tokens=None, usage_output_tokens=None, usage_cost_usd=None))
+    assert _approx(answers()) == _approx(recorded)
+    with db.write() as s:
+        s.execute(update(AgentRun).values(usage_input_tokens=None, usage_output_tokens=None,
+                                          usage_cost_usd=None))
+    assert _approx(answers()) == _approx(recorded)
+
+
+def _approx(answers: list[dict]) -> list[dict]:
+    """Float sums rounded: the database and Python may add in another order."""
+    def rounded(value):
+        if isinstance(value, float):
+            return round(value, 9)
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rounded(v) for v in value]
+        return value
+    return rounded(answers)

@@ -208,6 +208,14 @@ class AgentRun(Base):
     # answer before they were stored. Admins only (the run detail shows it to them).
     redaction_count: Mapped[int] = mapped_column(Integer, nullable=False,
                                                  server_default=text("0"))
+    # The run's tokens and cost summed from its ``usage`` events, recorded by the transaction
+    # that ends it, so the per-agent outcome scans of partial hours read run rows rather than
+    # each run's events. NULL until the run ends, and for runs that ended before these columns
+    # existed (the reads sum their events instead). Cost NULL with tokens set: a call of the
+    # run had no price. Not part of the API's run (its usage events are).
+    usage_input_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    usage_output_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    usage_cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class Message(Base):

@@ -83,9 +83,42 @@ def stored(db, by: str = "day") -> dict:
     return found
 
 
-def assert_rollup_matches_scan(db) -> int:
+def assert_usage_totals_match_events(db, *, recorded: bool = True) -> int:
+    """Every ended run's recorded usage totals (``agent_run.usage_*``) equal its usage events'
+    (cost None when a call had no price); a run that has not ended has none, and with
+    ``recorded=False`` (runs that ended before migration 0014) no run has any. Returns the
+    ended runs checked."""
+    with db.read() as s:
+        runs = s.execute(select(AgentRun.id, AgentRun.status, AgentRun.usage_input_tokens,
+                                AgentRun.usage_output_tokens, AgentRun.usage_cost_usd)).all()
+        usage: dict[str, list[dict]] = {}
+        for run_id, data in s.execute(select(RunEvent.run_id, RunEvent.data)
+                                      .where(RunEvent.type == "usage")
+                                      .order_by(RunEvent.run_id, RunEvent.seq)):
+            usage.setdefault(run_id, []).append(data)
+    ended, expect_recorded = 0, recorded
+    for r in runs:
+        recorded = (r.usage_input_tokens, r.usage_output_tokens, r.usage_cost_usd)
+        if r.status not in TERMINAL or not expect_recorded:
+            assert recorded == (None, None, None), r.id
+            continue
+        ended += 1
+        datas = usage.get(r.id, [])
+        costs = [d.get("cost_usd") for d in datas]
+        assert recorded[:2] == (sum(d["input_tokens"] for d in datas),
+                                sum(d["output_tokens"] for d in datas)), r.id
+        if None in costs:
+            assert recorded[2] is None, r.id
+        else:
+            assert recorded[2] is not None and abs(recorded[2] - sum(costs)) <= 1e-9, r.id
+    return ended
+
+
+def assert_rollup_matches_scan(db, *, usage_recorded: bool = True) -> int:
     """Both rollups (per day, per hour) against a scan: exact counts, tokens and histograms;
-    sums of floats to 1e-6. Returns the runs counted."""
+    sums of floats to 1e-6; and every ended run's recorded usage totals against its events
+    (``assert_usage_totals_match_events``). Returns the runs counted."""
+    assert_usage_totals_match_events(db, recorded=usage_recorded)
     for by in ("day", "hour"):
         expected, got = scanned(db, by), stored(db, by)
         assert set(got) == set(expected), by
