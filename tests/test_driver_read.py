@@ -30,11 +30,12 @@ def _backend_pid(db) -> int:
 def test_the_principal_lookup_takes_the_driver_path_and_answers_as_before(pg_db):
     from agentledger.core.hashing import token_hash
 
-    assert DriverRead.of(_BY_HASH, pg_db.primary_read_engine) is not None
     with pg_db.write() as s:
         token_id, secret = create_token(s, owner_id="alice", role="executor")
     statement, params = principal_lookup(token_hash=token_hash(secret))
     found = principal_from_row(pg_db.read_row(statement, params))
+    # once the engine has connected (the first read did) the look-up takes the driver path
+    assert DriverRead.of(_BY_HASH, pg_db.primary_read_engine) is not None
     assert (found.token_id, found.owner_id, found.role) == (token_id, "alice", "executor")
     with pg_db.read() as s:
         expected = s.execute(statement, params).one()
@@ -123,3 +124,17 @@ def _lock_statement_of(db):
 def _queued_run(db) -> str:
     make_agent(db)
     return post(db, make_session(db)).run_id
+
+
+def test_engines_of_one_server_share_one_compilation(pg_db, pg_url):
+    from agentledger.core.database import Database
+
+    other = Database(pg_url)
+    try:
+        for db in (pg_db, other):
+            db.read_row(*principal_lookup(token_hash="0" * 64))  # connects
+        first = DriverRead.of(_BY_HASH, pg_db.primary_read_engine)
+        assert first is not None
+        assert DriverRead.of(_BY_HASH, other.primary_read_engine) is first
+    finally:
+        other.dispose()

@@ -29,7 +29,7 @@ from agentledger.core.event_partitions import (
     partitions,
 )
 from agentledger.core.ids import id_floor, new_id
-from agentledger.core.migrate import current_revision, upgrade
+from agentledger.core.migrate import current_revision, downgrade, upgrade
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import NON_TERMINAL
 from agentledger.demo_history import synthetic_history
@@ -123,14 +123,27 @@ def scanned_partitions(db: Database, sql: str, params: dict, *, analyze: bool = 
     return found
 
 
+def history_before_partitioning(url: str) -> tuple[Database, dict[str, str]]:
+    """``write_history`` by today's write path (which needs today's columns), then the schema
+    taken back to the revision before the event log was partitioned: a database as the upgrade
+    finds it."""
+    upgrade(url)
+    db = Database(url)
+    try:
+        ids = write_history(db)
+    finally:
+        db.dispose()
+    downgrade(url, PREVIOUS_HEAD)
+    return Database(url), ids
+
+
 @pytest.mark.skipif(AGENTLEDGER is None, reason="the agentledger console script is not installed")
 def test_upgrade_converts_a_database_with_history_without_loss(pg_fresh):
-    upgrade(pg_fresh, PREVIOUS_HEAD)
-    db = Database(pg_fresh)
+    db, ids = history_before_partitioning(pg_fresh)
     try:
         with db.engine.connect() as conn:
             assert not is_partitioned(conn)
-        ids = write_history(db)
+        assert current_revision(pg_fresh) == PREVIOUS_HEAD
         before, before_sum = every_event(db), checksum(db)
         assert len(before) > 500
         assert verify(pg_fresh).returncode == 0
@@ -171,8 +184,6 @@ def test_upgrade_converts_a_database_with_history_without_loss(pg_fresh):
             [AGENTLEDGER, "db", "upgrade"], capture_output=True, text=True, timeout=300,
             env={**os.environ, "AGENTLEDGER_DATABASE_URL": pg_fresh})
         assert upgrade_down.returncode == 0  # already at head: nothing to do
-        from agentledger.core.migrate import downgrade
-
         downgrade(pg_fresh, PREVIOUS_HEAD)
         with db.engine.connect() as conn:
             assert not is_partitioned(conn)
@@ -185,10 +196,8 @@ def test_upgrade_converts_a_database_with_history_without_loss(pg_fresh):
 @pytest.fixture
 def history(pg_fresh):
     """A ledger with months of history, converted by the upgrade (months -3 … +2 and default)."""
-    upgrade(pg_fresh, PREVIOUS_HEAD)
-    db = Database(pg_fresh)
+    db, ids = history_before_partitioning(pg_fresh)
     try:
-        ids = write_history(db)
         upgrade(pg_fresh)
         yield db, ids
     finally:

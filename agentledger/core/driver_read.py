@@ -38,8 +38,10 @@ class DriverRead:
     __slots__ = ("compiled", "sql", "row_type", "converters")
 
     # Keyed by the statement object itself (module-level constants for the reads that use
-    # this): its entry keeps it alive, so it is compiled once per dialect.
-    _cache: dict[tuple[Any, Any], DriverRead | None] = {}
+    # this; its entry keeps it alive) and by the dialect's kind and server version, not the
+    # dialect object: every engine has its own, and a process that makes many engines (tests,
+    # tools) must not fill the cache with copies of one compilation.
+    _cache: dict[tuple[Any, ...], DriverRead | None] = {}
     _lock = threading.Lock()
 
     def __init__(self, compiled, row_type, converters: tuple[tuple[int, Callable], ...]):
@@ -51,9 +53,12 @@ class DriverRead:
     @classmethod
     def of(cls, stmt, engine_or_dialect) -> DriverRead | None:
         """The compiled read of ``stmt`` (built once per statement object and dialect), or None
-        when a parameter needs SQLAlchemy to convert it or the result has no typed columns."""
+        when a parameter needs SQLAlchemy to convert it, the result has no typed columns, or the
+        engine has not connected yet."""
         dialect = getattr(engine_or_dialect, "dialect", engine_or_dialect)
-        key = (stmt, dialect)
+        if dialect.server_version_info is None:
+            return None  # not connected yet: compile once the dialect knows its server
+        key = (stmt, type(dialect), dialect.server_version_info)
         try:
             return cls._cache[key]
         except KeyError:
@@ -94,8 +99,8 @@ class DriverRead:
         """The statement's single row (a named tuple) or None, outside a transaction."""
         values = self.compiled.construct_params(params or {})
         fairy = engine.raw_connection()
+        driver = _psycopg(fairy)
         try:
-            driver = fairy.driver_connection
             driver.autocommit = True
             try:
                 found = driver.execute(self.sql, values).fetchone()
@@ -112,15 +117,23 @@ class DriverRead:
         """The statement's single row (a named tuple) or None, in ``session``'s transaction."""
         values = self.compiled.construct_params(params or {})
         fairy = session.connection().connection
-        driver = fairy.driver_connection
+        driver = _psycopg(fairy)
         try:
             found = driver.execute(self.sql, values).fetchone()
         except psycopg.Error as exc:
             raise self._failed(fairy, driver, values, exc) from exc
         return self._row(found)
 
-    def _failed(self, fairy, driver, values: dict, exc: psycopg.Error) -> DBAPIError:
+    def _failed(self, fairy, driver: psycopg.Connection, values: dict,
+                exc: psycopg.Error) -> Exception:
         if driver.broken:
             fairy.invalidate(exc)
         return DBAPIError.instance(self.sql, values, exc, psycopg.Error,
                                    connection_invalidated=driver.broken)
+
+
+def _psycopg(fairy) -> psycopg.Connection:
+    driver = fairy.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError("core.driver_read runs on psycopg connections only")
+    return driver
