@@ -76,7 +76,7 @@ _LOCK_STATEMENTS: dict[str, Any] = {}
 
 
 def _lock_statement(session: Session):
-    # Built once per dialect: every append, claim and cancel starts with this statement.
+    # Built once per dialect: every append, cancel and delegation starts with this statement.
     key = dialect.name(session)
     if key not in _LOCK_STATEMENTS:
         # The row lock and the clock in one round trip (dialect.locked_with_clock).

@@ -1,7 +1,7 @@
 """One-row reads on PostgreSQL straight through psycopg, for the reads every request makes.
 
 The principal look-up runs on every authenticated request, the run's locked row on every
-append, claim and cancel. Through SQLAlchemy's Core connection such a one-row statement
+append, cancel and delegation. Through SQLAlchemy's Core connection such a one-row statement
 costs about twice the CPU it costs on the connection's psycopg driver (principal look-up:
 ≈ 200 µs against ≈ 100 µs, measured in one process on the same database); what SQLAlchemy
 adds around a statement compiled once is per-execution bookkeeping (execution context,
