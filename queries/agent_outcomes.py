@@ -220,8 +220,9 @@ def _scan_where(bound: tuple[str, ...], ended: bool) -> tuple:
 
 
 @functools.cache
-def _summed_statement(bound: tuple[str, ...], ended: bool):
-    return summed_runs(list(_scan_where(bound, ended)))
+def _summed_statements(bound: tuple[str, ...], ended: bool) -> tuple:
+    where = list(_scan_where(bound, ended))
+    return summed_runs(where), unrecorded_usage(where)
 
 
 def _scan(session: Session, window: TimeWindow, agent_id: str | None, ended: bool,
@@ -231,7 +232,7 @@ def _scan(session: Session, window: TimeWindow, agent_id: str | None, ended: boo
     params = run_params(window, agent_id)
     bound = tuple(sorted(params))
     if is_postgres(session):
-        _scan_in_database(session, _summed_statement(bound, ended), params, versions)
+        _scan_in_database(session, _summed_statements(bound, ended), params, versions)
     else:
         _scan_run_by_run(session, list(_scan_where(bound, ended)), params, versions)
 
@@ -269,9 +270,45 @@ def _scan_run_by_run(session: Session, where: list, params: dict,
 
 
 def summed_runs(where: list):
-    """PostgreSQL: the runs ``where`` selects, summed per agent version, status and pair of
-    histogram buckets, each run with its usage events' totals (a lateral read of its own
-    events, which PostgreSQL prunes per run to the partition holding it)."""
+    """PostgreSQL: the runs ``where`` selects, summed per agent version and status: counts,
+    duration sums and extremes, each duration's histogram bucket (one array per kind, which
+    ``_scan_in_database`` counts: grouping by bucket pairs made a group of almost every run),
+    and the usage totals recorded on the rows. ``unrecorded`` counts the started runs without
+    recorded totals (ended before the totals existed, or not ended yet), whose usage
+    ``unrecorded_usage`` reads from their events."""
+    recorded = AgentRun.usage_input_tokens.is_not(None)
+    latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
+                         AgentRun.started_at.is_not(None)),
+                    exact_seconds_pg(AgentRun.finished_at, AgentRun.started_at)))
+    wait = case((AgentRun.started_at.is_not(None),
+                 exact_seconds_pg(AgentRun.started_at, AgentRun.created_at)))
+    runs = (select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
+                   AgentRun.started_at, AgentRun.usage_input_tokens,
+                   AgentRun.usage_output_tokens, AgentRun.usage_cost_usd,
+                   latency.label("latency"), wait.label("wait"))
+            .where(*where).subquery())
+    r = runs.c
+    recorded = r.usage_input_tokens.is_not(None)
+    return (
+        select(r.agent_id, r.agent_version, r.status, func.count(),
+               func.count(r.latency), func.sum(r.latency), func.min(r.latency),
+               func.max(r.latency),
+               func.array_agg(histogram_bucket_pg(r.latency)).filter(r.latency.is_not(None)),
+               func.count(r.wait), func.sum(r.wait), func.min(r.wait), func.max(r.wait),
+               func.array_agg(histogram_bucket_pg(r.wait)).filter(r.wait.is_not(None)),
+               func.sum(r.usage_input_tokens), func.sum(r.usage_output_tokens),
+               func.sum(r.usage_cost_usd).filter(recorded),
+               func.count().filter(and_(recorded, r.usage_cost_usd.is_(None))),
+               func.count().filter(and_(r.usage_input_tokens.is_(None),
+                                        r.started_at.is_not(None))).label("unrecorded"))
+        .group_by(r.agent_id, r.agent_version, r.status)
+    )
+
+
+def unrecorded_usage(where: list):
+    """PostgreSQL: usage per agent version of the started runs ``where`` selects that have no
+    totals recorded on their row, summed from each run's ``usage`` events (a lateral read of
+    its own events, which PostgreSQL prunes per run to the partition holding it)."""
     usage = (
         select(func.sum(json_number_pg(RunEvent.data, "input_tokens", BigInteger))
                .label("tokens_in"),
@@ -282,59 +319,48 @@ def summed_runs(where: list):
                # null when the run has no usage event at all
                func.bool_or(func.jsonb_extract_path_text(RunEvent.data, "cost_usd").is_(None))
                .label("unpriced"))
-        # only a run that started can have progress events, and a run that ended with its
-        # totals recorded needs none of them: neither costs a read of its events (PostgreSQL
-        # checks the run's columns before scanning)
-        .where(AgentRun.started_at.is_not(None), AgentRun.usage_input_tokens.is_(None),
-               RunEvent.run_id == AgentRun.id, RunEvent.type == "usage")
+        .where(RunEvent.run_id == AgentRun.id, RunEvent.type == "usage")
         .lateral("usage")
     )
-    recorded = AgentRun.usage_input_tokens.is_not(None)
-    latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
-                         AgentRun.started_at.is_not(None)),
-                    exact_seconds_pg(AgentRun.finished_at, AgentRun.started_at)))
-    wait = case((AgentRun.started_at.is_not(None),
-                 exact_seconds_pg(AgentRun.started_at, AgentRun.created_at)))
-    runs = (select(AgentRun.agent_id, AgentRun.agent_version, AgentRun.status,
-                   latency.label("latency"), wait.label("wait"),
-                   func.coalesce(AgentRun.usage_input_tokens, usage.c.tokens_in)
-                   .label("tokens_in"),
-                   func.coalesce(AgentRun.usage_output_tokens, usage.c.tokens_out)
-                   .label("tokens_out"),
-                   case((recorded, AgentRun.usage_cost_usd), else_=usage.c.cost).label("cost"),
-                   case((recorded, AgentRun.usage_cost_usd.is_(None)), else_=usage.c.unpriced)
-                   .label("unpriced"))
-            .select_from(AgentRun).join(usage, true()).where(*where).subquery())
-    lat_bucket = histogram_bucket_pg(runs.c.latency)
-    wait_bucket = histogram_bucket_pg(runs.c.wait)
-    r = runs.c
-    return (
-        select(r.agent_id, r.agent_version, r.status, lat_bucket, wait_bucket, func.count(),
-               func.count(r.latency), func.sum(r.latency), func.min(r.latency),
-               func.max(r.latency), func.count(r.wait), func.sum(r.wait), func.min(r.wait),
-               func.max(r.wait), func.sum(r.tokens_in), func.sum(r.tokens_out),
-               func.sum(r.cost).filter(r.unpriced.is_(False)),
-               func.count().filter(r.unpriced.is_(True)))
-        .group_by(r.agent_id, r.agent_version, r.status, lat_bucket, wait_bucket)
-    )
+    u = usage.c
+    return (select(AgentRun.agent_id, AgentRun.agent_version, func.sum(u.tokens_in),
+                   func.sum(u.tokens_out), func.sum(u.cost).filter(u.unpriced.is_(False)),
+                   func.count().filter(u.unpriced.is_(True)))
+            .select_from(AgentRun).join(usage, true())
+            .where(*where, AgentRun.started_at.is_not(None),
+                   AgentRun.usage_input_tokens.is_(None))
+            .group_by(AgentRun.agent_id, AgentRun.agent_version))
 
 
-def _scan_in_database(session: Session, statement, params: dict,
+def _scan_in_database(session: Session, statements: tuple, params: dict,
                       versions: dict[tuple[str, int], OutcomeSums]) -> None:
     """The same sums as ``_scan_run_by_run``, added up by PostgreSQL (a 1-hour edge at a busy
-    hour is thousands of runs and their usage events: their rows never reach Python)."""
-    for (agent, version, status, lat_b, wait_b, n, lat_n, lat_sum, lat_min, lat_max,
-         wait_n, wait_sum, wait_min, wait_max, tokens_in, tokens_out, cost,
-         unpriced) in execute(session, statement, params):
+    hour is thousands of runs: their rows never reach Python). ``statements`` are
+    ``summed_runs`` and ``unrecorded_usage`` of the same conditions; the second runs only when
+    the first counted runs without recorded totals."""
+    summed, usage = statements
+    unrecorded = 0
+    for (agent, version, status, n, lat_n, lat_sum, lat_min, lat_max, lat_buckets,
+         wait_n, wait_sum, wait_min, wait_max, wait_buckets, tokens_in, tokens_out, cost,
+         unpriced, without_totals) in execute(session, summed, params):
         acc = versions.get((agent, version))
         if acc is None:
             acc = versions[(agent, version)] = OutcomeSums()
         acc.runs += n
         acc.by_status[status] = acc.by_status.get(status, 0) + n
         if lat_n:
-            acc.latency.add_counted(lat_n, lat_sum, lat_min, lat_max, lat_b)
+            acc.latency.add_summed(lat_n, lat_sum, lat_min, lat_max, lat_buckets)
         if wait_n:
-            acc.wait.add_counted(wait_n, wait_sum, wait_min, wait_max, wait_b)
+            acc.wait.add_summed(wait_n, wait_sum, wait_min, wait_max, wait_buckets)
+        acc.input_tokens += int(tokens_in or 0)
+        acc.output_tokens += int(tokens_out or 0)
+        acc.cost_usd += float(cost or 0.0)
+        acc.runs_without_cost += unpriced
+        unrecorded += without_totals
+    if not unrecorded:
+        return
+    for agent, version, tokens_in, tokens_out, cost, unpriced in execute(session, usage, params):
+        acc = versions[(agent, version)]
         acc.input_tokens += int(tokens_in or 0)
         acc.output_tokens += int(tokens_out or 0)
         acc.cost_usd += float(cost or 0.0)

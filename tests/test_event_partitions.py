@@ -35,7 +35,7 @@ from agentledger.core.vocabulary import NON_TERMINAL
 from agentledger.demo_history import synthetic_history
 from ingest.bulk_import import bulk_import, iter_runs
 from ingest.events import append_events
-from queries.agent_outcomes import agent_outcomes, summed_runs
+from queries.agent_outcomes import agent_outcomes, unrecorded_usage
 from queries.common import TimeWindow
 from queries.outcome_windows import run_conditions
 from queries.run_events import events_page
@@ -238,7 +238,8 @@ def test_a_time_window_reads_only_the_partitions_of_its_runs(history):
     runs are never executed."""
     db, ids = history
     window = TimeWindow(start=NOW - timedelta(seconds=60))  # only the live run was made since
-    statement = summed_runs([*run_conditions(window, None), AgentRun.status.in_(NON_TERMINAL)])
+    statement = unrecorded_usage([*run_conditions(window, None),
+                                  AgentRun.status.in_(NON_TERMINAL)])
     sql = str(statement.compile(db.engine, compile_kwargs={"literal_binds": True}))
     assert scanned_partitions(db, sql, {}, analyze=True) <= {partition_of(db, ids["live"])}
     with db.read() as s:  # and the read itself counts the live run

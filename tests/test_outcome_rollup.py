@@ -213,10 +213,39 @@ def test_postgresql_buckets_a_duration_where_bucket_of_does(pg_db):
     assert found == [bucket_of(v) for v in values]
 
 
+def test_postgresql_durations_are_the_seconds_python_computes(pg_db):
+    """The scans' durations on PostgreSQL are exactly ``timedelta.total_seconds()``, under a
+    day and from a day up (where the interval has a day part), negative ones too."""
+    from sqlalchemy import column, values
+    from sqlalchemy.types import DateTime
+
+    from agentledger.core.read_sql import exact_seconds_pg
+
+    rng = random.Random(11)
+    base = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    pairs = []
+    for scale in (60.0, 86_400.0, 40 * 86_400.0):
+        for _ in range(700):
+            span = timedelta(microseconds=int(rng.uniform(-scale, scale) * 1e6))
+            pairs.append((base, base + span))
+    pairs += [(base, base + timedelta(days=d, microseconds=u))
+              for d in (-1, 0, 1) for u in (-1, 0, 1)]
+    table = values(column("a", DateTime(timezone=True)), column("b", DateTime(timezone=True)),
+                   name="pairs").data(pairs)
+    with pg_db.read() as s:
+        found = s.execute(select(table.c.a, table.c.b,
+                                 exact_seconds_pg(table.c.b, table.c.a))).all()
+    assert len(found) == len(pairs)
+    wrong = [(a, b, got) for a, b, got in found if got != (b - a).total_seconds()]
+    assert not wrong, wrong[:5]
+
+
 def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
     """The same runs summed by the database and run by run in Python: equal counts, buckets,
     extremes, tokens and unpriced runs; equal sums up to float rounding."""
-    from queries.agent_outcomes import _scan_in_database, _scan_run_by_run, summed_runs
+    from sqlalchemy import update
+
+    from agentledger.core.schema import AgentRun
     from queries.outcome_windows import run_conditions
 
     db = pg_db
@@ -231,25 +260,46 @@ def test_postgresql_sums_an_edge_as_python_does_run_by_run(pg_db):
     h.complete(db, unpriced, started + timedelta(seconds=3, microseconds=3), "a", "w-x")
     windows = [TimeWindow(h.T0 - DAY, h.T0 + 5 * DAY),
                TimeWindow(h.T0 + timedelta(hours=5, minutes=17), h.T0 + timedelta(days=2, hours=3))]
-    for window in windows:
-        where = run_conditions(window, None)
-        by_python: dict = {}
-        by_database: dict = {}
-        with db.read() as s:
-            _scan_run_by_run(s, where, {}, by_python)
-            _scan_in_database(s, summed_runs(where), {}, by_database)
-        assert set(by_python) == set(by_database) and by_python
-        for key, expected in by_python.items():
-            got = by_database[key]
-            assert (got.runs, got.by_status, got.input_tokens, got.output_tokens,
-                    got.runs_without_cost) == (expected.runs, expected.by_status,
-                                               expected.input_tokens, expected.output_tokens,
-                                               expected.runs_without_cost), key
-            assert got.cost_usd == pytest.approx(expected.cost_usd, rel=1e-12, abs=1e-12)
-            for mine, theirs in ((got.latency, expected.latency), (got.wait, expected.wait)):
-                assert (mine.n, mine.min, mine.max, mine.histogram) == (
-                    theirs.n, theirs.min, theirs.max, theirs.histogram), key
-                assert mine.total == pytest.approx(theirs.total, rel=1e-12)
+    # with every ended run's usage totals on its row, then with half of them summed from
+    # their events (runs that ended before the totals were recorded)
+    for recorded in ("all", "half"):
+        if recorded == "half":
+            with db.write() as s:
+                ids = sorted(s.execute(select(AgentRun.id)
+                                       .where(AgentRun.usage_input_tokens.is_not(None)))
+                             .scalars())
+                s.execute(update(AgentRun).where(AgentRun.id.in_(ids[::2]))
+                          .values(usage_input_tokens=None, usage_output_tokens=None,
+                                  usage_cost_usd=None))
+        for window in windows:
+            _assert_scans_agree(db, run_conditions(window, None))
+
+
+def _assert_scans_agree(db, where: list) -> None:
+    from queries.agent_outcomes import (
+        _scan_in_database,
+        _scan_run_by_run,
+        summed_runs,
+        unrecorded_usage,
+    )
+
+    by_python: dict = {}
+    by_database: dict = {}
+    with db.read() as s:
+        _scan_run_by_run(s, where, {}, by_python)
+        _scan_in_database(s, (summed_runs(where), unrecorded_usage(where)), {}, by_database)
+    assert set(by_python) == set(by_database) and by_python
+    for key, expected in by_python.items():
+        got = by_database[key]
+        assert (got.runs, got.by_status, got.input_tokens, got.output_tokens,
+                got.runs_without_cost) == (expected.runs, expected.by_status,
+                                           expected.input_tokens, expected.output_tokens,
+                                           expected.runs_without_cost), key
+        assert got.cost_usd == pytest.approx(expected.cost_usd, rel=1e-12, abs=1e-12)
+        for mine, theirs in ((got.latency, expected.latency), (got.wait, expected.wait)):
+            assert (mine.n, mine.min, mine.max, mine.histogram) == (
+                theirs.n, theirs.min, theirs.max, theirs.histogram), key
+            assert mine.total == pytest.approx(theirs.total, rel=1e-12)
     assert any(acc.runs_without_cost for acc in by_python.values())
 
 

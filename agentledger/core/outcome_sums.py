@@ -55,13 +55,16 @@ class Durations:
         self.min, self.max = _lower(self.min, seconds), _higher(self.max, seconds)
         self.histogram[bucket_of(seconds)] += 1
 
-    def add_counted(self, n: int, total: float, low: float | None, high: float | None,
-                    bucket: int) -> None:
-        """``n`` durations already counted elsewhere (by the database), all in ``bucket``."""
+    def add_summed(self, n: int, total: float, low: float | None, high: float | None,
+                   buckets: Iterable[int]) -> None:
+        """``n`` durations already summed elsewhere (by the database), with each one's
+        bucket."""
         self.n += n
         self.total += total
         self.min, self.max = _lower(self.min, low), _higher(self.max, high)
-        self.histogram[bucket] += n
+        histogram = self.histogram
+        for bucket in buckets:
+            histogram[bucket] += 1
 
     def merge(self, other: Durations) -> None:
         self.n += other.n
