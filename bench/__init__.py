@@ -26,6 +26,10 @@ Latency percentiles (p50/p95/p99, linear interpolation between ranks) come from 
 point read, 100 per list read, 50 per outcomes window (30/10/5 with ``--quick``: there p99 is
 about the maximum), each after 2 warm-up calls; SSE from 300 appends (40 quick); the peer from
 50 sequential runs (10 quick) and 10 s of load per concurrency level (3 s quick).
+Outcome windows end at the moment the reads start; the runs of the partial hour at a window's
+start are scanned run by run (the rest comes from the rollups), so each outcome row's note says
+how long that edge was and how many runs it held: it depends on the minute the bench reached
+the reads, and rows of two runs compare only with it in view.
 
 Speed is measured, never asserted: ``tests/test_bench_smoke.py`` only checks that a quick run
 completes and writes every expected row.

@@ -22,6 +22,7 @@ from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
 from queries.interrupted_runs import InterruptedFilters, interrupted_runs
 from queries.lease_health import lease_health
+from queries.outcome_windows import split_window
 from queries.provenance import message_provenance
 from queries.run_events import events_page
 from queries.run_tree import run_tree
@@ -70,6 +71,21 @@ def sample(db: Database, k: int = 200, *, created_after: datetime | None = None)
                              " ORDER BY count(*) DESC LIMIT 1")).first()
     return Samples(messages or ["none"], runs or ["none"], trees or runs or ["none"],
                    top[0] if top else "none", "succeeded")
+
+
+def _edge_note(db: Database, start: datetime) -> str:
+    """How much of an outcome window (``start`` to now) is scanned run by run: the partial
+    hour at its start (``queries.outcome_windows``), which depends on the minute the bench
+    reads at; rows of different runs compare only with it in view."""
+    edges = split_window(TimeWindow(start, None)).edges
+    if not edges:
+        return "; start edge: none (the window starts on an hour)"
+    minutes = sum((e.end - e.start).total_seconds() for e in edges if e.end and e.start) / 60
+    with db.read() as s:
+        runs = sum(s.execute(text("SELECT count(*) FROM agent_run WHERE created_at >= :a "
+                                  "AND created_at < :b"), {"a": e.start, "b": e.end}).scalar_one()
+                   for e in edges)
+    return f"; start edge scanned run by run: {minutes:.0f} min, {runs:,} runs"
 
 
 def _cycle(values: list[str]) -> Callable[[], str]:
@@ -155,8 +171,10 @@ def run(db: Database, base_url: str | None, viewer_token: str, pg: bool, sizes: 
         ("lease health", sizes.list_reads, q(lambda s: lease_health(s)), None,
          r(lambda c: baseline.lease_health(c)), "", None),
     ]
+    extra_notes: dict[str, str] = {}
     for label, delta in WINDOWS.items():
         start = now - delta
+        extra_notes[f"agent + version outcomes, {label}"] = _edge_note(db, start)
         reads.append((f"agent + version outcomes, {label}", sizes.outcome_reads,
                       q(lambda s, start=start: agent_outcomes(s, TimeWindow(start, None))), None,
                       r(lambda c, start=start: baseline.outcomes(c, start)),
@@ -181,7 +199,7 @@ def run(db: Database, base_url: str | None, viewer_token: str, pg: bool, sizes: 
             "reads", name, "ms p95", judged["p95"], raw_p95,
             latency_ratio(found["queries"]["p95"], raw_p95), found, target, status_,
             "project = " + ("HTTP" if judged is found.get("http") else "queries") +
-            "; ratio = raw p95 / queries p95"))
+            "; ratio = raw p95 / queries p95" + extra_notes.get(name, "")))
     if raw_conn is not None:
         raw_conn.close()
     return rows
