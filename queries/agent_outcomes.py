@@ -292,7 +292,6 @@ def summed_runs(where: list):
     and the usage totals recorded on the rows. ``unrecorded`` counts the started runs without
     recorded totals (ended before the totals existed, or not ended yet), whose usage
     ``unrecorded_usage`` reads from their events."""
-    recorded = AgentRun.usage_input_tokens.is_not(None)
     latency = case((and_(AgentRun.status.in_(TERMINAL), AgentRun.finished_at.is_not(None),
                          AgentRun.started_at.is_not(None)),
                     exact_seconds_pg(AgentRun.finished_at, AgentRun.started_at)))
@@ -307,10 +306,9 @@ def summed_runs(where: list):
     recorded = r.usage_input_tokens.is_not(None)
     return (
         select(r.agent_id, r.agent_version, r.status, func.count(),
-               func.count(r.latency), func.sum(r.latency), func.min(r.latency),
-               func.max(r.latency),
+               func.sum(r.latency), func.min(r.latency), func.max(r.latency),
                func.array_agg(histogram_bucket_pg(r.latency)).filter(r.latency.is_not(None)),
-               func.count(r.wait), func.sum(r.wait), func.min(r.wait), func.max(r.wait),
+               func.sum(r.wait), func.min(r.wait), func.max(r.wait),
                func.array_agg(histogram_bucket_pg(r.wait)).filter(r.wait.is_not(None)),
                func.sum(r.usage_input_tokens), func.sum(r.usage_output_tokens),
                func.sum(r.usage_cost_usd).filter(recorded),
@@ -356,31 +354,24 @@ def _scan_in_database(session: Session, statements: tuple, params: dict,
     the first counted runs without recorded totals."""
     summed, usage = statements
     unrecorded = 0
-    for (agent, version, status, n, lat_n, lat_sum, lat_min, lat_max, lat_buckets,
-         wait_n, wait_sum, wait_min, wait_max, wait_buckets, tokens_in, tokens_out, cost,
+    for (agent, version, status, n, lat_sum, lat_min, lat_max, lat_buckets,
+         wait_sum, wait_min, wait_max, wait_buckets, tokens_in, tokens_out, cost,
          unpriced, without_totals) in execute(session, summed, params):
         acc = versions.get((agent, version))
         if acc is None:
             acc = versions[(agent, version)] = OutcomeSums()
         acc.runs += n
         acc.by_status[status] = acc.by_status.get(status, 0) + n
-        if lat_n:
-            acc.latency.add_summed(lat_n, lat_sum, lat_min, lat_max, lat_buckets)
-        if wait_n:
-            acc.wait.add_summed(wait_n, wait_sum, wait_min, wait_max, wait_buckets)
-        acc.input_tokens += int(tokens_in or 0)
-        acc.output_tokens += int(tokens_out or 0)
-        acc.cost_usd += float(cost or 0.0)
-        acc.runs_without_cost += unpriced
+        if lat_buckets:  # NULL when no run of the group has a latency
+            acc.latency.add_summed(lat_sum, lat_min, lat_max, lat_buckets)
+        if wait_buckets:
+            acc.wait.add_summed(wait_sum, wait_min, wait_max, wait_buckets)
+        acc.add_usage_sums(tokens_in, tokens_out, cost, unpriced)
         unrecorded += without_totals
     if not unrecorded:
         return
     for agent, version, tokens_in, tokens_out, cost, unpriced in execute(session, usage, params):
-        acc = versions[(agent, version)]
-        acc.input_tokens += int(tokens_in or 0)
-        acc.output_tokens += int(tokens_out or 0)
-        acc.cost_usd += float(cost or 0.0)
-        acc.runs_without_cost += unpriced
+        versions[(agent, version)].add_usage_sums(tokens_in, tokens_out, cost, unpriced)
 
 
 def _busiest(groups: dict, max_groups: int) -> tuple[dict, bool]:

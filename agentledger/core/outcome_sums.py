@@ -55,11 +55,10 @@ class Durations:
         self.min, self.max = _lower(self.min, seconds), _higher(self.max, seconds)
         self.histogram[bucket_of(seconds)] += 1
 
-    def add_summed(self, n: int, total: float, low: float | None, high: float | None,
-                   buckets: Iterable[int]) -> None:
-        """``n`` durations already summed elsewhere (by the database), with each one's
-        bucket."""
-        self.n += n
+    def add_summed(self, total: float, low: float | None, high: float | None,
+                   buckets: list[int]) -> None:
+        """Durations already summed elsewhere (by the database), given by each one's bucket."""
+        self.n += len(buckets)
         self.total += total
         self.min, self.max = _lower(self.min, low), _higher(self.max, high)
         histogram = self.histogram
@@ -107,6 +106,15 @@ class OutcomeSums:
             self.runs_without_cost += 1
         else:
             self.cost_usd += cost_usd
+
+    def add_usage_sums(self, input_tokens: int | None, output_tokens: int | None,
+                       known_cost: float | None, runs_without_cost: int) -> None:
+        """Usage already summed over several runs (by the database; a sum over no rows is
+        None): ``known_cost`` over the runs with a known cost, the others counted apart."""
+        self.input_tokens += int(input_tokens or 0)
+        self.output_tokens += int(output_tokens or 0)
+        self.cost_usd += float(known_cost or 0.0)
+        self.runs_without_cost += runs_without_cost
 
     def merge(self, other: OutcomeSums) -> None:
         self.runs += other.runs
