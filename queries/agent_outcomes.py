@@ -301,7 +301,12 @@ def summed_runs(where: list):
                    AgentRun.started_at, AgentRun.usage_input_tokens,
                    AgentRun.usage_output_tokens, AgentRun.usage_cost_usd,
                    latency.label("latency"), wait.label("wait"))
-            .where(*where).subquery())
+            .where(*where)
+            # OFFSET 0 keeps PostgreSQL from pulling the subquery up into the aggregate, which
+            # then evaluated each duration expression once per aggregate naming it (five
+            # times a run) instead of once: a 1,200-run edge aggregated in 0.6 ms, not 2.5
+            .offset(0)
+            .subquery())
     r = runs.c
     recorded = r.usage_input_tokens.is_not(None)
     return (
