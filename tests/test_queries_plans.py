@@ -74,3 +74,32 @@ def test_reads_can_use_indexes(seeded, name):
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
             scans += [f"{t}: {statement[:120]}" for t in BIG_TABLES if f"Seq Scan on {t}" in plan]
     assert scans == []
+
+
+@pytest.mark.pg_only
+def test_outcome_scans_compute_each_duration_once_per_run(seeded):
+    """The edge and live-run scans sum, bucket and bound each run's durations: the plan must
+    compute them in the scan, once per run, and not inline them into every aggregate that
+    names them (which made a busy edge's aggregate several times slower)."""
+    recorded: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if "array_agg" in statement:
+            recorded.append((statement, parameters))
+
+    event.listen(seeded.read_engine, "before_cursor_execute", record)
+    try:
+        with seeded.read() as s:
+            agent_outcomes(s, WEEK)  # starts inside an hour: an edge scan and a live-run scan
+    finally:
+        event.remove(seeded.read_engine, "before_cursor_execute", record)
+    assert len(recorded) == 2
+    with seeded.read() as s:
+        conn = s.connection()
+        for statement, parameters in recorded:
+            lines = [r[0] for r in conn.exec_driver_sql("EXPLAIN VERBOSE " + statement,
+                                                         parameters)]
+            scan = next(i for i, line in enumerate(lines) if "Scan" in line and "agent_run" in line)
+            output = next(line for line in lines[scan + 1:] if line.strip().startswith("Output:"))
+            # latency and wait: each expression once, in the scan's output
+            assert output.count("date_part") == 2, lines
