@@ -2,7 +2,10 @@
 ``agent_outcome_rollup_hour`` per UTC hour), kept in step with run endings.
 
 ``append_events`` calls ``record_run_end`` in the transaction that appends a run's terminal
-event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
+event; ``bulk_import`` adds whole batches through ``RollupBatch``. Run endings spread over
+``ROLLUP_SHARDS`` rows per key; ``fold_shards`` (the reconciler loop, every few minutes) folds
+the shard rows of periods that are over into shard 0, so a read of a month sums a row per key
+and day, not sixteen. A run is counted under its
 frozen agent version, the UTC day and hour it was *created* (what the read side's windows
 select runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
 when it ends (a run with an unpriced call counts in ``runs_without_cost``, not as free): a terminal event is always the last one, so that sum is final, and a run that
@@ -13,9 +16,9 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, delete, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
@@ -177,3 +180,62 @@ def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
         batch.write(session)
         counted += len(runs)
         after = runs[-1].id
+
+
+# Taken by ``fold_shards`` on PostgreSQL, so the reconciler loops of every server and worker
+# process do not fold the same rows at once (the others skip their turn).
+_FOLD_LOCK = 7243110001
+
+
+FOLD_BATCH = 2000  # shard rows per table and transaction: a long history folds in short steps
+
+
+def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD_BATCH) -> int:
+    """Fold the shard rows (shard > 0) of the days and hours that were over by
+    ``settled_before`` into their key's shard 0, at most ``limit`` rows of each table, oldest
+    first; returns the rows folded (fewer than ``limit`` when none are left).
+
+    Sharding keeps concurrent run endings off one row lock, but a read sums every shard row of
+    its days and hours: unfolded, a month read sixteen times the rows. Folding is exact at any
+    moment: each shard row is deleted (``RETURNING`` its sums, under its row lock) and added to
+    shard 0 in one transaction, so a run ending concurrently either updated the row before it
+    was deleted (and is folded with it) or waits for this transaction and then inserts a fresh
+    shard row (folded by a later pass). A run created in a period that is over and ending later
+    does exactly that. Days are folded before hours, the order run endings lock them in.
+    """
+    if dialect.name(session) == "postgresql" and not session.execute(
+            text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _FOLD_LOCK}).scalar_one():
+        return 0  # another process is folding now
+    settled = settled_before.astimezone(UTC)
+    folded = 0
+    for table, key_columns, bound in ((ROLLUP, KEY, settled.date()),
+                                      (ROLLUP_HOUR, HOUR_KEY, _hour_of(settled))):
+        period, key = table.c[key_columns[2]], [table.c[c] for c in key_columns]
+        oldest = (select(*key).where(table.c.shard != 0, period < bound)
+                  .order_by(period).limit(limit))
+        moved = session.execute(
+            delete(table).where(tuple_(*key).in_(oldest)).returning(*table.c)
+        ).mappings().all()
+        sums: dict[tuple, OutcomeSums] = {}
+        for row in moved:
+            key = (*(row[c] for c in key_columns[:-1]), 0)
+            found = sums.get(key)
+            if found is None:
+                sums[key] = OutcomeSums.of_rollup_row(row)
+            else:
+                found.merge(OutcomeSums.of_rollup_row(row))
+        if sums:
+            _upsert(session, table, key_columns, sums)
+        folded += len(moved)
+    return folded
+
+
+FOLD_GRACE = timedelta(minutes=5)  # an hour is folded once it has been over this long
+
+
+def fold_settled_shards(session: Session, now: datetime | None = None,
+                        limit: int = FOLD_BATCH) -> int:
+    """``fold_shards`` of the periods over by ``FOLD_GRACE`` (the endings of their last runs,
+    mostly seconds after they start, have come in by then)."""
+    return fold_shards(session, settled_before=(now or datetime.now(UTC)) - FOLD_GRACE,
+                       limit=limit)

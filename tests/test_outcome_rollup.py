@@ -12,8 +12,8 @@ from support import history as h
 from support.rollup import assert_rollup_matches_scan, stored
 
 from agentledger.core.outcome_histogram import EDGES, bucket_of, estimate_percentiles
-from agentledger.core.schema import AgentOutcomeRollup
-from ingest.rollup import ROLLUP_SHARDS, rebuild_rollup, rollup_shard
+from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour
+from ingest.rollup import ROLLUP_SHARDS, fold_shards, rebuild_rollup, rollup_shard
 from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
 from queries.outcome_trend import outcome_trend
@@ -352,3 +352,151 @@ def _approx(answers: list[dict]) -> list[dict]:
             return [rounded(v) for v in value]
         return value
     return rounded(answers)
+
+
+def _shard_rows(db) -> dict[str, list[tuple]]:
+    """Per table, (period, shard) of every stored row."""
+    found = {}
+    with db.read() as s:
+        for model, period in ((AgentOutcomeRollup, "day"), (AgentOutcomeRollupHour, "hour")):
+            table = model.__table__
+            found[period] = [(r[period], r["shard"])
+                             for r in s.execute(select(table)).mappings()]
+    return found
+
+
+def _unfolded(db) -> int:
+    return sum(1 for rows in _shard_rows(db).values() for _period, shard in rows if shard)
+
+
+def test_folding_shards_keeps_every_sum_and_every_answer(db):
+    random_lifecycles(db, random.Random(17), 60)
+    windows = [TimeWindow(h.T0 - timedelta(minutes=23), h.T0 + timedelta(days=2, minutes=41)),
+               TimeWindow(h.T0 + timedelta(hours=5, minutes=17), h.T0 + timedelta(hours=9)),
+               TimeWindow(h.T0 + timedelta(days=1)), TimeWindow()]
+
+    def answers():
+        with db.read() as s:
+            return [agent_outcomes(s, w).as_dict() for w in windows]
+
+    before, keys = answers(), {by: set(stored(db, by)) for by in ("day", "hour")}
+    unfolded = _unfolded(db)
+    assert unfolded > 20
+
+    middle = h.T0 + timedelta(days=1, hours=5, minutes=30)
+    with db.write() as s:
+        folded = fold_shards(s, settled_before=middle)
+    assert 0 < folded < unfolded
+    assert _unfolded(db) == unfolded - folded
+    bounds = {"day": middle.date(), "hour": middle.replace(minute=0)}
+    for by, rows in _shard_rows(db).items():
+        # what was over by then is one shard-0 row per key; the rest is as it was
+        assert all(shard == 0 for period, shard in rows if period < bounds[by]), by
+        assert any(shard for period, shard in rows if period >= bounds[by]), by
+        assert len({p for p, _ in rows if p < bounds[by]}) > 0
+    assert_rollup_matches_scan(db)
+    assert _approx(answers()) == _approx(before)
+
+    with db.write() as s:
+        assert fold_shards(s, settled_before=datetime.now(UTC) + DAY) == unfolded - folded
+    assert _unfolded(db) == 0
+    for by in ("day", "hour"):
+        assert set(stored(db, by)) == keys[by]
+        assert len(_shard_rows(db)[by]) == len(keys[by])  # one row per key
+    assert_rollup_matches_scan(db)
+    assert _approx(answers()) == _approx(before)
+    with db.write() as s:
+        assert fold_shards(s, settled_before=datetime.now(UTC) + DAY) == 0
+
+
+def test_a_run_ending_after_its_hour_was_folded_is_counted_and_folded_later(db):
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    for n in range(40):
+        h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(n * 30))
+    late = h.ask(db, h.chat(db, owner="bob", agent_id="alpha"), "q", owner="bob",
+                 when=h.at_seconds(600)).run_id
+    h.start(db, late, h.at_seconds(601), "w-late")
+    with db.write() as s:
+        assert fold_shards(s, settled_before=h.T0 + 3 * DAY) > 0
+    assert _unfolded(db) == 0
+    # its day and hour were folded (as if over): the ending adds a fresh shard row
+    h.complete(db, late, h.at_seconds(900), "late answer", "w-late")
+    assert_rollup_matches_scan(db)
+    with db.write() as s:
+        assert fold_shards(s, settled_before=h.T0 + 3 * DAY) == (
+            2 if rollup_shard(late) else 0)  # its day row and its hour row, unless shard 0
+    assert_rollup_matches_scan(db)
+    with db.read() as s:
+        [version] = agent_outcomes(s, TimeWindow()).versions
+    assert version.runs == 41 and version.by_status["succeeded"] == 41
+
+
+@pytest.mark.pg_only
+def test_folding_while_runs_end_concurrently_loses_and_doubles_nothing(pg_db):
+    """Run endings upsert the shard rows a fold deletes, at the same time: every ending is
+    counted once, whichever waits for whom (and no ending fails on a deadlock)."""
+    import threading
+
+    db = pg_db
+    h.agent(db, "alpha")
+    now = datetime.now(UTC)
+    errors: list[BaseException] = []
+    done = threading.Event()
+    folded = []
+
+    def end_runs(worker: int) -> None:
+        try:
+            chat = h.chat(db, owner=f"owner-{worker}", agent_id="alpha")
+            for n in range(25):
+                h.answered(db, chat, "q", "a", owner=f"owner-{worker}",
+                           when=now - timedelta(minutes=90) + timedelta(seconds=n),
+                           executor=f"w-{worker}")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def fold() -> None:
+        try:
+            while not done.is_set():
+                with db.write() as s:
+                    folded.append(fold_shards(s, settled_before=now + DAY))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    writers = [threading.Thread(target=end_runs, args=(w,)) for w in range(6)]
+    folders = [threading.Thread(target=fold) for _ in range(2)]
+    for t in folders + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    for t in folders:
+        t.join()
+    assert errors == []
+    assert sum(folded) > 0  # the folds ran while the endings came in
+    assert assert_rollup_matches_scan(db) == 150
+    with db.write() as s:
+        fold_shards(s, settled_before=now + DAY)
+    assert _unfolded(db) == 0
+    assert assert_rollup_matches_scan(db) == 150
+
+
+def test_folding_in_small_steps_folds_the_oldest_first_and_ends_the_same(db):
+    random_lifecycles(db, random.Random(19), 40)
+    unfolded = _unfolded(db)
+    later = datetime.now(UTC) + DAY
+    unfolded_hours = sorted(p for p, shard in _shard_rows(db)["hour"] if shard)
+    with db.write() as s:
+        assert fold_shards(s, settled_before=later, limit=3) == 6  # three rows of each table
+    left_hours = sorted(p for p, shard in _shard_rows(db)["hour"] if shard)
+    assert left_hours == unfolded_hours[3:]  # the three oldest went (ties: any of them)
+    assert min(left_hours) >= max(unfolded_hours[:3])
+    steps = 1
+    while True:
+        with db.write() as s:
+            step = fold_shards(s, settled_before=later, limit=3)
+        steps += 1
+        if step < 3:
+            break
+    assert steps > 5 and _unfolded(db) == 0 and unfolded > 6
+    assert_rollup_matches_scan(db)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from support import history as h
 from support.factories import claim, make_agent, make_session, post
 from support.processes import (
     TERMINAL,
@@ -32,6 +33,7 @@ from support.processes import (
     wait_terminal,
     wait_until,
 )
+from support.rollup import assert_rollup_matches_scan
 
 from ingest.events import append_events
 from ingest.runs import create_child_run
@@ -328,6 +330,30 @@ def test_reconcile_once_interrupts_expired_leases_and_orphans(db_url, db, procs)
     assert assert_one_terminal_event(db, expired).data["reason"] == "lease_expired"
     assert assert_one_terminal_event(db, orphan).data["reason"] == "parent_terminal"
     assert types(db, orphan) == ["run.queued", "run.interrupted"]  # never started
+
+
+def test_reconcile_once_folds_the_rollup_shards_of_past_hours(db_url, db, procs):
+    from sqlalchemy import func, select
+
+    from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour
+
+    def unfolded() -> int:
+        with db.read() as s:
+            return sum(s.execute(select(func.count()).select_from(m)
+                                 .where(m.shard != 0)).scalar_one()
+                       for m in (AgentOutcomeRollup, AgentOutcomeRollupHour))
+
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    for n in range(30):  # a month ago: days and hours that are over
+        h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(n * 200))
+    shard_rows = unfolded()
+    assert shard_rows > 0
+    done = procs.run(["reconcile", "--once"], procs.environment(db_url))
+    assert done.returncode == 0, done.stderr
+    assert f"folded {shard_rows} outcome rollup shard row(s)" in done.stdout
+    assert unfolded() == 0
+    assert assert_rollup_matches_scan(db) == 30
     again = procs.run(["reconcile", "--once"], procs.environment(db_url))
     assert "interrupted 0 run(s) with expired leases, 0 orphaned" in again.stdout  # idempotent
 

@@ -9,10 +9,10 @@ sum never passes an unknown cost off as zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agentledger.core.outcome_histogram import BUCKETS, bucket_of
+from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
 
 
 def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float | None]:
@@ -126,6 +126,20 @@ class OutcomeSums:
         self.output_tokens += other.output_tokens
         self.cost_usd += other.cost_usd
         self.runs_without_cost += other.runs_without_cost
+
+    @classmethod
+    def of_rollup_row(cls, row: Mapping) -> OutcomeSums:
+        """The sums one stored rollup row holds (its columns by name; ``status`` and ``runs``
+        give the count by status)."""
+        return cls(
+            runs=row["runs"], by_status={row["status"]: row["runs"]},
+            latency=Durations(row["latency_n"], row["latency_sum"], row["latency_min"],
+                              row["latency_max"], [row[c] for c in LATENCY_COLUMNS]),
+            wait=Durations(row["wait_n"], row["wait_sum"], row["wait_min"], row["wait_max"],
+                           [row[c] for c in WAIT_COLUMNS]),
+            input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+            cost_usd=row["cost_usd"], runs_without_cost=row["runs_without_cost"],
+        )
 
     @property
     def known_cost(self) -> float | None:

@@ -335,7 +335,13 @@ class AgentOutcomeRollup(_OutcomeMeasures, Base):
     """
 
     __tablename__ = "agent_outcome_rollup"
-    __table_args__ = (Index(None, "day"),)
+    __table_args__ = (
+        Index(None, "day"),
+        # The shard rows not yet folded into shard 0 (``ingest.rollup.fold_shards``), found
+        # without reading the folded history.
+        Index("ix_agent_outcome_rollup_unfolded", "day", sqlite_where=text("shard <> 0"),
+              postgresql_where=text("shard <> 0")),
+    )
 
     agent_id: Mapped[str] = mapped_column(String(63), primary_key=True)
     agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -343,7 +349,7 @@ class AgentOutcomeRollup(_OutcomeMeasures, Base):
     status: Mapped[str] = mapped_column(String(16), primary_key=True)
     # Run endings spread over a few rows per key (``ingest.rollup.ROLLUP_SHARDS``): one hot
     # row would serialise every transaction that ends a run of a busy agent on its row lock.
-    # Readers sum over shards.
+    # Readers sum over shards; the shards of past periods are folded into shard 0.
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
 
 
@@ -354,7 +360,11 @@ class AgentOutcomeRollupHour(_OutcomeMeasures, Base):
     (at most two), so its cost does not depend on the time of day."""
 
     __tablename__ = "agent_outcome_rollup_hour"
-    __table_args__ = (Index(None, "hour"),)
+    __table_args__ = (
+        Index(None, "hour"),
+        Index("ix_agent_outcome_rollup_hour_unfolded", "hour", sqlite_where=text("shard <> 0"),
+              postgresql_where=text("shard <> 0")),
+    )
 
     agent_id: Mapped[str] = mapped_column(String(63), primary_key=True)
     agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -2,7 +2,9 @@
 
 Safe to run in any number of processes at once (``serve``, every ``worker``, or
 ``agentledger reconcile``): each run is handled in its own short transaction that re-checks the
-condition under the run's row lock.
+condition under the run's row lock. The loop also keeps the ledger's housekeeping going: event
+partitions made ahead, rate-limit windows pruned, quiet OTLP traces written, and the outcome
+rollups' shard rows of past hours and days folded (``ingest.rollup.fold_settled_shards``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from ingest.reconcile import (
     interrupt_if_orphaned,
     orphaned_child_run_ids,
 )
+from ingest.rollup import FOLD_BATCH, fold_settled_shards
 
 log = logging.getLogger("agentledger.worker.reconciler_loop")
 # Partitions are made months ahead (db upgrade makes them too); hourly is plenty to never miss one.
 PARTITION_CHECK_SECONDS = 3600.0
+# Folding the rollups' shard rows: an hour's rows wait at most this long after FOLD_GRACE.
+FOLD_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,22 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
     return ReconcileResult(ended, orphaned)
 
 
+def fold_rollup_shards(db: Database) -> int:
+    """Fold the outcome rollups' shard rows of past hours and days, ``FOLD_BATCH`` rows of each
+    table per transaction (a long history, after an upgrade, is folded in short steps that
+    never hold the embedded database's single writer for long); returns the rows folded."""
+    folded = 0
+    while True:
+        with db.write() as s:
+            step = fold_settled_shards(s)
+        folded += step
+        if step < FOLD_BATCH:
+            break
+    if folded:
+        log.info("folded %d outcome rollup shard row(s)", folded)
+    return folded
+
+
 class ReconcilerThread(threading.Thread):
     """Runs ``reconcile_once`` every ``reconcile_seconds`` until ``stop()``."""
 
@@ -74,7 +95,7 @@ class ReconcilerThread(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        partitions_checked = None
+        partitions_checked = folded = None
         while not self._stop_event.is_set():
             if partitions_checked is None or time.monotonic() - partitions_checked > PARTITION_CHECK_SECONDS:
                 try:
@@ -91,6 +112,12 @@ class ReconcilerThread(threading.Thread):
                 flush_quiet_traces(self.db, quiet_seconds=self.otlp_quiet_seconds)
             except Exception:  # noqa: BLE001 - as above
                 log.exception("writing quiet OTLP traces failed; retrying next period")
+            if folded is None or time.monotonic() - folded > FOLD_SECONDS:
+                try:
+                    fold_rollup_shards(self.db)
+                    folded = time.monotonic()
+                except Exception:  # noqa: BLE001 - as above
+                    log.exception("folding outcome rollup shards failed; retrying next period")
             self._stop_event.wait(self.interval)
 
     def stop(self) -> None:
@@ -111,6 +138,7 @@ def run_reconciler(settings: Settings, *, once: bool) -> int:
             result = reconcile_once(db)
             print(f"interrupted {result.lease_expired} run(s) with expired leases, "
                   f"{result.parent_terminal} orphaned child run(s)")
+            print(f"folded {fold_rollup_shards(db)} outcome rollup shard row(s)")
             return 0
         thread = ReconcilerThread(db, settings)
         signal.signal(signal.SIGTERM, lambda *_: thread.stop())
