@@ -130,3 +130,26 @@ def test_trend_in_hour_buckets(db, ledger):
     with db.read() as s:
         trend = interruption_trend(s, InterruptedFilters(window=WINDOW), bucket_seconds=3600)
     assert {r["bucket"] for r in trend.rows} == {h.T0.isoformat(), (h.T0 + DAY).isoformat()}
+
+
+@pytest.mark.parametrize("seconds", [1, 60, 3600, 6 * 3600, 86400])
+def test_time_buckets_are_the_floor_of_the_epoch_seconds(db, seconds):
+    """``read_sql.time_bucket`` (every trend's buckets) against integer arithmetic on the
+    timestamp's microseconds: whole boundaries, a microsecond either side, and odd moments."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import DateTime, literal, select
+
+    from agentledger.core.read_sql import time_bucket
+
+    boundary = datetime(2026, 12, 3, 0, 0, tzinfo=UTC)
+    moments = [boundary + timedelta(microseconds=d) for d in (-1, 0, 1)]
+    moments += [boundary + timedelta(seconds=k * 7919.123457) for k in range(-40, 40)]
+    moments += [datetime(2038, 1, 19, 3, 14, 8, tzinfo=UTC),  # past a 32-bit epoch
+                boundary + timedelta(days=3, microseconds=-1)]
+    with db.read() as s:
+        for moment in moments:
+            found = s.execute(select(time_bucket(s, literal(moment, DateTime(timezone=True)),
+                                                 seconds))).scalar_one()
+            micros = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+            assert found == micros // (seconds * 10**6) * seconds, (moment, seconds)

@@ -103,3 +103,28 @@ def test_outcome_scans_compute_each_duration_once_per_run(seeded):
             output = next(line for line in lines[scan + 1:] if line.strip().startswith("Output:"))
             # latency and wait: each expression once, in the scan's output
             assert output.count("date_part") == 2, lines
+
+
+@pytest.mark.pg_only
+def test_the_interruption_trend_reads_only_its_index(seeded):
+    """Counting interrupted runs per day and reason reads the partial index that carries the
+    reason, not every interrupted run's row."""
+    recorded: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        recorded.append((statement, parameters))
+
+    event.listen(seeded.read_engine, "before_cursor_execute", record)
+    try:
+        with seeded.read() as s:
+            interruption_trend(s, InterruptedFilters(window=WEEK, reason="lease_expired",
+                                                     agent_id="bot", executor_instance_id="w"))
+    finally:
+        event.remove(seeded.read_engine, "before_cursor_execute", record)
+    [(statement, parameters)] = recorded
+    with seeded.read() as s:
+        conn = s.connection()
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
+        plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+    assert "Index Only Scan using ix_agent_run_interrupted" in plan, plan

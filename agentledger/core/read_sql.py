@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Float,
     Integer,
     and_,
@@ -100,9 +101,17 @@ def seconds_between(session: Session, start, end) -> ColumnElement[float]:
 def time_bucket(session: Session, column, seconds: int) -> ColumnElement[int]:
     """The start of the ``seconds``-wide bucket that holds ``column``, as epoch seconds."""
     if _is_pg(session):
-        return cast(func.floor(func.extract("epoch", column) / seconds) * seconds, Integer)
-    # Integer division truncates, which is floor for the positive epochs we store.
-    return (cast(func.strftime("%s", column), Integer) // seconds) * seconds
+        # date_bin is exact timestamp arithmetic (microseconds), and the bucket start it gives
+        # is whole seconds, which date_part's float8 holds exactly: the same buckets as
+        # ``floor(extract(epoch ...) / n)``, without a numeric division per row.
+        stride = literal_column(f"interval '{int(seconds)} seconds'")
+        start = func.date_bin(stride, column, literal_column("timestamptz 'epoch'"))
+        return cast(func.date_part("epoch", start), BigInteger)
+    # SQLite keeps times to the millisecond, so strftime rounds 23:59:59.9995 up into the
+    # next second (and bucket): it is given the stored text's whole seconds only. Integer
+    # division truncates, which is floor for the positive epochs we store.
+    whole_seconds = func.substr(column, 1, 19)  # 'YYYY-MM-DD HH:MM:SS' of the ISO text
+    return (cast(func.strftime("%s", whole_seconds), Integer) // seconds) * seconds
 
 
 def context_pack_has_item(
