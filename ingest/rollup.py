@@ -2,14 +2,16 @@
 ``agent_outcome_rollup_hour`` per UTC hour), kept in step with run endings.
 
 ``append_events`` calls ``record_run_end`` in the transaction that appends a run's terminal
-event; ``bulk_import`` adds whole batches through ``RollupBatch``. Run endings spread over
-``ROLLUP_SHARDS`` rows per key; ``fold_shards`` (the reconciler loop, every few minutes) folds
-the shard rows of periods that are over into shard 0, so a read of a month sums a row per key
-and day, not sixteen. A run is counted under its
+event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
 frozen agent version, the UTC day and hour it was *created* (what the read side's windows
-select runs by) and its terminal status. Tokens and cost are summed from the run's ``usage`` events
-when it ends (a run with an unpriced call counts in ``runs_without_cost``, not as free): a terminal event is always the last one, so that sum is final, and a run that
-has not ended is not in the rollup at all (the read side adds those few live runs itself).
+select runs by) and its terminal status. Tokens and cost are summed from the run's ``usage``
+events when it ends (a run with an unpriced call counts in ``runs_without_cost``, not as free):
+a terminal event is always the last one, so that sum is final, and a run that has not ended is
+not in the rollup at all (the read side adds those few live runs itself).
+
+Run endings spread over ``ROLLUP_SHARDS`` rows per key; ``fold_shards`` (the reconciler loop,
+every few minutes) folds the shard rows of periods that are over into shard 0, so a read of a
+month sums a row per key and day, not up to sixteen.
 """
 
 from __future__ import annotations
@@ -185,15 +187,14 @@ def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
 # Taken by ``fold_shards`` on PostgreSQL, so the reconciler loops of every server and worker
 # process do not fold the same rows at once (the others skip their turn).
 _FOLD_LOCK = 7243110001
-
-
 FOLD_BATCH = 2000  # shard rows per table and transaction: a long history folds in short steps
+FOLD_GRACE = timedelta(minutes=5)  # an hour is folded once it has been over this long
 
 
 def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD_BATCH) -> int:
     """Fold the shard rows (shard > 0) of the days and hours that were over by
     ``settled_before`` into their key's shard 0, at most ``limit`` rows of each table, oldest
-    first; returns the rows folded (fewer than ``limit`` when none are left).
+    first; returns the rows folded (``limit`` or more while a table has rows left to fold).
 
     Sharding keeps concurrent run endings off one row lock, but a read sums every shard row of
     its days and hours: unfolded, a month read sixteen times the rows. Folding is exact at any
@@ -228,9 +229,6 @@ def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD
             _upsert(session, table, key_columns, sums)
         folded += len(moved)
     return folded
-
-
-FOLD_GRACE = timedelta(minutes=5)  # an hour is folded once it has been over this long
 
 
 def fold_settled_shards(session: Session, now: datetime | None = None,
