@@ -95,7 +95,7 @@ def cmd_verify(args, settings: Settings) -> int:
         print(f"  … {n} events checked", file=sys.stderr)
 
     try:
-        with db.read() as session:
+        with db.read(transaction=True) as session:
             report = verify_chains(session, run_id=args.run, progress=progress)
     finally:
         db.dispose()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import outside_transaction
 from agentledger.core.hashing import GENESIS_HASH, event_hash
 from agentledger.core.schema import AgentRun, RunEvent
 
@@ -42,7 +43,10 @@ def verify_chains(
     progress: Callable[[int], None] | None = None,
     batch_size: int = 5000,
 ) -> VerificationReport:
-    """Check every run (or one) and report the first broken seq of each damaged run."""
+    """Check every run (or one) and report the first broken seq of each damaged run.
+
+    Checking every run streams the events through a server-side cursor, which on PostgreSQL
+    needs a transaction: ``Database.read(transaction=True)``."""
     runs_stmt = select(AgentRun.id, AgentRun.last_event_seq, AgentRun.last_event_hash).order_by(
         AgentRun.id
     )
@@ -64,7 +68,13 @@ def verify_chains(
         if run is not None:
             seen[run] = (expected_seq, chain)
 
-    rows = session.execute(events_stmt.execution_options(yield_per=batch_size))
+    if run_id is not None:
+        rows = session.execute(events_stmt)  # one run's events, read at once in any read
+    elif outside_transaction(session):
+        raise ValueError("checking every run streams its events through a server-side cursor: "
+                         "read in a transaction (Database.read(transaction=True))")
+    else:
+        rows = session.execute(events_stmt.execution_options(yield_per=batch_size))
     for row in rows:
         events += 1
         if progress and events % batch_size == 0:

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import literal, text, tuple_
 
+from agentledger.core.database import outside_transaction
 from agentledger.core.errors import InvalidRequest
 from queries.visibility import run_visible_to, session_visible_to  # noqa: F401 - re-exported
 
@@ -146,6 +147,26 @@ def clamp_limit(limit: int, maximum: int = MAX_LIMIT) -> int:
 
 _NO_PARALLEL_WORKERS = text("SET LOCAL max_parallel_workers_per_gather = 0")
 _DEFAULT_PARALLEL_WORKERS = text("SET LOCAL max_parallel_workers_per_gather TO DEFAULT")
+# Outside a transaction (``Database.read`` on PostgreSQL's primary) SET LOCAL does nothing: the
+# setting is the connection's until it is reset, whatever the page read does.
+_NO_PARALLEL_WORKERS_HERE = text("SET max_parallel_workers_per_gather = 0")
+_RESET_PARALLEL_WORKERS = text("RESET max_parallel_workers_per_gather")
+
+
+def _without_parallel_workers(session, stmt, scalars: bool) -> list:
+    """``stmt``'s rows, read on PostgreSQL with no parallel workers; later reads get them back."""
+    if not outside_transaction(session):
+        session.execute(_NO_PARALLEL_WORKERS)
+        result = session.execute(stmt)
+        rows = (result.scalars() if scalars else result).all()
+        session.execute(_DEFAULT_PARALLEL_WORKERS)
+        return rows
+    session.execute(_NO_PARALLEL_WORKERS_HERE)
+    try:
+        result = session.execute(stmt)
+        return (result.scalars() if scalars else result).all()
+    finally:
+        session.execute(_RESET_PARALLEL_WORKERS)
 
 
 def keyset_page(session, stmt, time_column, id_column, *, limit: int, cursor: str | None,
@@ -165,11 +186,7 @@ def keyset_page(session, stmt, time_column, id_column, *, limit: int, cursor: st
         # A page is limit + 1 rows off an index range, but over a long history the planner's
         # cost for the whole range crosses the parallel-query threshold and it starts workers
         # to read them: 4.8 ms at 1M runs became 30 ms at 5M (6 ms without workers).
-        # SET LOCAL ends with the transaction; the later reads of the request get it back.
-        session.execute(_NO_PARALLEL_WORKERS)
-        result = session.execute(page)
-        rows = (result.scalars() if scalars else result).all()
-        session.execute(_DEFAULT_PARALLEL_WORKERS)
+        rows = _without_parallel_workers(session, page, scalars)
     else:
         result = session.execute(page)
         rows = (result.scalars() if scalars else result).all()

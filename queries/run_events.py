@@ -80,11 +80,23 @@ def events_page(
     ``terminal`` unless the terminal event is in it (the status changes in the same
     transaction as the terminal event is written).
     """
+    stmt, params = events_page_read(run_id, after_seq=after_seq, limit=limit,
+                                    visible_to=visible_to)
+    return events_page_of(execute(session, stmt, params).all(), run_id, after_seq)
+
+
+def events_page_read(run_id: str, *, after_seq: int = 0, limit: int = 50,
+                     visible_to: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """``events_page``'s one statement and its parameters, for a caller that runs it itself
+    (an event stream, through ``Database.read_rows``); ``events_page_of`` makes the page."""
     params = {"run_id": run_id, "after_seq": after_seq, "until_seq": after_seq + limit}
     if visible_to is None:
-        rows = execute(session, _PAGE, params).all()
-    else:
-        rows = execute(session, _VISIBLE_PAGE, {**params, "owner_id": visible_to}).all()
+        return _PAGE, params
+    return _VISIBLE_PAGE, {**params, "owner_id": visible_to}
+
+
+def events_page_of(rows, run_id: str, after_seq: int) -> EventsPage | None:
+    """The page that ``events_page_read``'s rows make (None: the run is not visible)."""
     if not rows:
         return None
     head = rows[0]

@@ -94,7 +94,7 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
     report = bulk_import(db, [parent])
     assert (report.runs, report.events, report.messages, report.sessions) == (2, 11, 2, 1)
 
-    with db.read() as session:
+    with db.read(transaction=True) as session:
         assert verify_chains(session).ok
     p, c = run_row(db, parent.id), run_row(db, child.id)
     assert (p.status, p.root_run_id, p.parent_run_id, p.session_id) == ("succeeded", parent.id, None, chat.id)
@@ -199,7 +199,7 @@ def test_an_invalid_history_is_refused_and_writes_nothing(agents):
             bulk_import(db, [valid, bad])
         assert isinstance(raised.value, LedgerError), name
         assert counts(db) == before, name
-    with db.read() as session:
+    with db.read(transaction=True) as session:
         assert session.execute(select(func.count()).select_from(ChatSession)).scalar_one() == sessions_before
         assert verify_chains(session).ok
     assert_rollup_matches_scan(db)
@@ -221,7 +221,7 @@ def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
               f"({report.runs / elapsed:,.0f} runs/s, {report.batches} batches)")
     assert sum(seen) == 120 and report.batches >= 4
     assert report.runs == len(runs) > 120
-    with db.read() as session:
+    with db.read(transaction=True) as session:
         assert verify_chains(session).ok
         stored_runs = session.execute(select(AgentRun.id, AgentRun.status, AgentRun.last_event_seq,
                                              AgentRun.final_message_id)).all()
@@ -256,7 +256,7 @@ def test_demo_seed_takes_the_bulk_path_for_large_n(db, monkeypatch):
     assert data["answers"] == data["statuses"]["succeeded"]
     assert data["event_types"]["run.child_created"] == data["event_types"]["run.queued"] - 40
     assert all(u["cost_usd"] > 0 for u in data["usage"])
-    with db.read() as session:
+    with db.read(transaction=True) as session:
         assert verify_chains(session).ok
     assert_rollup_matches_scan(db)
     # and again: the agents are kept, the history grows
@@ -302,7 +302,7 @@ def test_batches_prepared_in_worker_processes_store_what_one_process_does(db, tm
             assert _stored_shape(db) == _stored_shape(one_process)
         finally:
             one_process.dispose()
-    with db.read() as session:
+    with db.read(transaction=True) as session:
         assert verify_chains(session).ok
     assert_rollup_matches_scan(db)
 

@@ -122,7 +122,7 @@ def test_seed_is_repeatable_for_a_seed(tmp_path, sqlite_template):
 
         db = Database(settings.database_url)
         try:
-            with db.read() as s:
+            with db.read(transaction=True) as s:
                 shapes.append(s.execute(
                     select(AgentRun.agent_id, AgentRun.status, AgentRun.created_at,
                            AgentRun.parent_run_id.is_(None))

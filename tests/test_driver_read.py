@@ -82,7 +82,7 @@ def test_the_pooled_connection_goes_back_out_of_autocommit_and_idle(pg_db):
         assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     finally:
         fairy.close()
-    with pg_db.read() as s:  # a read transaction on the same pooled connection
+    with pg_db.read(transaction=True) as s:  # a read transaction on the same pooled connection
         assert s.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
         driver = s.connection().connection.driver_connection
         assert driver.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
@@ -138,3 +138,31 @@ def test_engines_of_one_server_share_one_compilation(pg_db, pg_url):
         assert DriverRead.of(_BY_HASH, other.primary_read_engine) is first
     finally:
         other.dispose()
+
+
+def test_an_event_streams_page_through_the_driver_is_the_page_a_session_reads(pg_db):
+    from queries.run_events import _VISIBLE_PAGE, events_page, events_page_of, events_page_read
+
+    run_id = _queued_run(pg_db)
+    with pg_db.write() as s:  # run.started: a second event, so the page has rows to convert
+        from ingest.leases import claim_runs
+
+        assert [c.run_id for c in claim_runs(s, "worker-1")] == [run_id]
+    pg_db.read_row(*principal_lookup(token_hash="0" * 64))  # connects the engine
+    for visible_to in (None, "alice", "somebody-else"):
+        for after in (0, 1, 2):
+            stmt, params = events_page_read(run_id, after_seq=after, limit=50,
+                                            visible_to=visible_to)
+            assert DriverRead.of(stmt, pg_db.primary_read_engine) is not None
+            through_driver = events_page_of(pg_db.read_rows(stmt, params, fresh=True), run_id,
+                                            after)
+            with pg_db.read() as s:
+                expected = events_page(s, run_id, after_seq=after, limit=50,
+                                       visible_to=visible_to)
+            assert through_driver == expected
+            if visible_to == "somebody-else":
+                assert through_driver is None
+            else:
+                assert len(through_driver.events) == 2 - after
+                assert all(isinstance(e["data"], dict) for e in through_driver.events)
+    assert DriverRead.of(_VISIBLE_PAGE, pg_db.primary_read_engine) is not None

@@ -82,7 +82,7 @@ CLAIM_WORKERS = 4
 
 
 def assert_chains_ok(db) -> None:
-    with db.read() as s:
+    with db.read(transaction=True) as s:
         report = verify_chains(s)
     assert report.ok, report.problems
 

@@ -67,7 +67,7 @@ def test_reads_can_use_indexes(seeded, name):
         event.remove(seeded.read_engine, "before_cursor_execute", record)
     assert recorded
     scans = []
-    with seeded.read() as s:
+    with seeded.read(transaction=True) as s:  # SET LOCAL: for this transaction
         conn = s.connection()
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         for statement, parameters in recorded:
@@ -122,7 +122,7 @@ def test_the_interruption_trend_reads_only_its_index(seeded):
     finally:
         event.remove(seeded.read_engine, "before_cursor_execute", record)
     [(statement, parameters)] = recorded
-    with seeded.read() as s:
+    with seeded.read(transaction=True) as s:  # SET LOCAL: for this transaction
         conn = s.connection()
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")

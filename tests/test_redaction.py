@@ -221,7 +221,7 @@ def test_with_redaction_no_table_holds_a_detected_value_and_chains_verify(db, db
         assert any("[REDACTED:secret]" in v for t, v in cells if t == "context_blob")
         assert any("[REDACTED:card]" in v for t, v in cells if t == "message")
         assert any("[REDACTED:email]" in v for t, v in cells if t == "run_event")
-        with redacting.read() as s:
+        with redacting.read(transaction=True) as s:
             report = verify_chains(s)
         assert report.ok and report.runs_checked == 5, report.problems
         assert verify_bundle(seen["bundle"]).ok
@@ -242,7 +242,7 @@ def test_without_redaction_values_are_written_as_given(db, db_url):
         assert any(planted in value for value in cells), planted
     assert not any("[REDACTED:" in value for value in cells)
     assert set(seen["counts"].values()) == {0}
-    with db.read() as s:
+    with db.read(transaction=True) as s:
         assert verify_chains(s).ok
 
 

@@ -75,7 +75,7 @@ def test_only_old_finished_trees_are_archived_and_both_sides_verify(db, db_url, 
     assert (runs_before - runs_after, archived) == (2, 2)
     # root: queued, started, child_created, delta, child_finished, completed; child: 4 of them
     assert events_before - events_after == 6 + 4
-    with db.read() as s:
+    with db.read(transaction=True) as s:
         remaining = set(s.execute(select(AgentRun.root_run_id)).scalars())
         assert remaining == {recent_root, live_root}
         assert verify_chains(s).ok

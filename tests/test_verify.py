@@ -69,7 +69,7 @@ def tamper(db, sql: str, **params) -> None:
 
 
 def problems(db, run_id=None) -> list[tuple[str, int]]:
-    with db.read() as s:
+    with db.read(transaction=run_id is None) as s:
         report = verify_chains(s, run_id=run_id)
     return [(p.run_id, p.seq) for p in report.problems]
 
@@ -82,7 +82,7 @@ def cli(db_url: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_clean_ledger_verifies(unguarded, ledger):
-    with unguarded.read() as s:
+    with unguarded.read(transaction=True) as s:
         report = verify_chains(s)
     assert report.ok and report.runs_checked == 3 and report.events_checked == 15
 
@@ -107,7 +107,7 @@ def test_an_edited_event_data_is_named_with_the_reason(unguarded, ledger):
     victim = ledger[2]
     tamper(unguarded, "UPDATE run_event SET data = :d WHERE run_id = :r AND seq = 3",
            r=victim, d='{"text": "answer c "}')
-    with unguarded.read() as s:
+    with unguarded.read(transaction=True) as s:
         report = verify_chains(s)
     assert report.problems == [
         ChainProblem(victim, 3, "stored hash does not match the event's content")

@@ -80,7 +80,7 @@ def all_running(db, run_ids) -> bool:
 
 
 def assert_chains_ok(db) -> None:
-    with db.read() as s:
+    with db.read(transaction=True) as s:
         report = verify_chains(s)
     assert report.ok, report.problems
 

@@ -16,7 +16,7 @@ from agentledger.api.request_scope import owner_scope, read_one, state
 from agentledger.api.requests import MAX_INT32
 from agentledger.core.errors import InvalidRequest, NotFound
 from agentledger.web.metrics import STREAMS_OPEN
-from queries.run_events import events_page, run_head
+from queries.run_events import events_page_of, events_page_read, run_head
 
 PAGE = 500
 RETRY_MS = 2000
@@ -69,8 +69,10 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
             last_write = time.monotonic()
             while True:
                 seen = notifier.generation(key)
-                with app_state.db.read_latest() as s:
-                    page = events_page(s, run_id, after_seq=last, limit=PAGE, visible_to=scope)
+                rows = app_state.db.read_rows(
+                    *events_page_read(run_id, after_seq=last, limit=PAGE, visible_to=scope),
+                    fresh=True)
+                page = events_page_of(rows, run_id, last)
                 if page is None:
                     return
                 if page.events:

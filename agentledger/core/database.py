@@ -165,6 +165,12 @@ def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Eng
     return engine
 
 
+def outside_transaction(session: Session) -> bool:
+    """True when ``session``'s statements run outside a transaction (``Database.read`` on
+    PostgreSQL's primary): SET LOCAL does nothing there and a server-side cursor cannot live."""
+    return session.connection().get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+
+
 class _ReadScope:
     """The replica decision of one web request (``Database.begin_read_scope``): made by its first
     read, kept by the others; a write in the request sends the rest to the primary."""
@@ -393,16 +399,27 @@ class Database:
     # ---- reads -------------------------------------------------------------------------------
 
     @contextmanager
-    def read(self, *, primary: bool = False) -> Iterator[Session]:
-        """A read-only transaction (anything that tries to write fails in the database).
+    def read(self, *, primary: bool = False, transaction: bool = False) -> Iterator[Session]:
+        """Read-only statements (anything that tries to write fails in the database).
 
         On the replica when one is configured and it has caught up with the primary (see the
         module docstring); ``primary`` reads the primary in any case.
+
+        On PostgreSQL's primary the statements run outside a transaction (autocommit), each
+        still refused any write by ``default_transaction_read_only``. Reads run under READ
+        COMMITTED, where every statement of a transaction takes its own snapshot anyway, so the
+        transaction gave them nothing but a BEGIN and a COMMIT round trip (two of a point
+        read's four, the caller's look-up included). ``transaction`` asks for one, for reads
+        that need it: a server-side cursor (``yield_per``) lives only inside a transaction.
         """
         connection = None
         if not primary and self.read_url is not None:
             connection = self._replica_connection(self.read_engine)
         if connection is None:
+            if self.is_postgres and not transaction:
+                with Session(self._autocommit_primary_engine, autoflush=False) as session:
+                    yield session
+                return
             with Session(self.primary_read_engine, autoflush=False) as session:
                 with session.begin():
                     yield session
@@ -414,53 +431,42 @@ class Database:
                 # A transaction the gate's check began on the connection ends here.
                 connection.commit()
 
-    @contextmanager
-    def read_latest(self) -> Iterator[Session]:
-        """Reads whose every statement sees the latest commits, with no snapshot across them.
-
-        On PostgreSQL they run outside a transaction (autocommit): no BEGIN and COMMIT round
-        trips. For loops that re-read small things often (an event stream after each
-        notification); under READ COMMITTED a transaction would not give them one snapshot
-        anyway.
-        """
-        if not self.is_postgres:
-            with self.read() as session:
-                yield session
-            return
-        connection = None
-        if self.read_url is not None:
-            connection = self._replica_connection(self._autocommit_read_engine, fresh=True)
-        if connection is None:
-            with Session(self._autocommit_primary_engine, autoflush=False) as session:
-                yield session
-            return
-        with self._on_replica(connection), Session(bind=connection, autoflush=False) as session:
-            yield session
-
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
 
-        On PostgreSQL it runs outside any transaction (autocommit): one round trip instead of
-        BEGIN, the query and COMMIT, for the reads every request makes (who is calling). A
-        single statement sees one consistent snapshot by itself. On the primary a statement
-        with nothing for SQLAlchemy to convert runs on the pooled connection's driver
-        (``core.driver_read``: half the CPU). SQLite is in this process, so a transaction
-        costs nothing there.
+        On PostgreSQL it runs outside any transaction (autocommit), for the reads every request
+        makes (who is calling). On the primary a statement with nothing for SQLAlchemy to
+        convert runs on the pooled connection's driver (``core.driver_read``: half the CPU).
+        SQLite is in this process, so a transaction costs nothing there.
         """
+        return self._read_statement(stmt, params, one=True, fresh=False)
+
+    def read_rows(self, stmt, params: dict | None = None, *, fresh: bool = False) -> list:
+        """Every row of a read that is a single statement, read as ``read_row`` reads it.
+        ``fresh``: the replica-or-primary decision is this read's alone, not the request's (a
+        loop that re-reads after notifications: an event stream)."""
+        return self._read_statement(stmt, params, one=False, fresh=fresh)
+
+    def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool):
+        def rows_of(result):
+            return result.one_or_none() if one else result.all()
+
         if not self.is_postgres:
             with self.read() as session:
-                return session.execute(stmt, params or {}).one_or_none()
+                return rows_of(session.execute(stmt, params or {}))
         connection = None
         if self.read_url is not None:
-            connection = self._replica_connection(self._autocommit_read_engine)
+            connection = self._replica_connection(self._autocommit_read_engine, fresh=fresh)
         if connection is None:
             driver_read = DriverRead.of(stmt, self.primary_read_engine)
             if driver_read is not None:
-                return driver_read.one_or_none(self.primary_read_engine, params)
+                engine = self.primary_read_engine
+                return (driver_read.one_or_none(engine, params) if one
+                        else driver_read.all(engine, params))
             with self._autocommit_primary_engine.connect() as primary:
-                return primary.execute(stmt, params or {}).one_or_none()
+                return rows_of(primary.execute(stmt, params or {}))
         with self._on_replica(connection):
-            return connection.execute(stmt, params or {}).one_or_none()
+            return rows_of(connection.execute(stmt, params or {}))
 
     @contextmanager
     def _on_replica(self, connection) -> Iterator[None]:

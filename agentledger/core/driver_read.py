@@ -1,7 +1,7 @@
-"""One-row reads on PostgreSQL straight through psycopg, for the reads every request makes.
+"""Small reads on PostgreSQL straight through psycopg, for the reads every request makes.
 
 The principal look-up runs on every authenticated request, the run's locked row on every
-append, cancel and delegation. Through SQLAlchemy's Core connection such a one-row statement
+append, cancel and delegation, an event stream's next page after every notification. Through SQLAlchemy's Core connection such a one-row statement
 costs about twice the CPU it costs on the connection's psycopg driver (principal look-up:
 ≈ 200 µs against ≈ 100 µs, measured in one process on the same database); what SQLAlchemy
 adds around a statement compiled once is per-execution bookkeeping (execution context,
@@ -10,7 +10,7 @@ are converted with the same result processors SQLAlchemy would apply (``UTCDateT
 statement with a bind processor is refused (``DriverRead.of`` returns None) and the caller runs
 it the usual way.
 
-``one_or_none`` reads outside a transaction on a connection of an engine's pool (the pool's
+``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the pool's
 checkout checks, such as the ping after idle, apply); ``one_or_none_in`` reads inside a
 session's transaction, on its connection. A connection a failure broke is invalidated, and the
 error is raised as SQLAlchemy's ``DBAPIError``, as a statement run through SQLAlchemy would
@@ -97,13 +97,21 @@ class DriverRead:
 
     def one_or_none(self, engine: Engine, params: dict | None):
         """The statement's single row (a named tuple) or None, outside a transaction."""
+        return self._row(self._outside_transaction(engine, params, psycopg.Cursor.fetchone))
+
+    def all(self, engine: Engine, params: dict | None) -> list:
+        """Every row of the statement (named tuples), outside a transaction."""
+        return [self._row(found)
+                for found in self._outside_transaction(engine, params, psycopg.Cursor.fetchall)]
+
+    def _outside_transaction(self, engine: Engine, params: dict | None, fetch):
         values = self.compiled.construct_params(params or {})
         fairy = engine.raw_connection()
         driver = _psycopg(fairy)
         try:
             driver.autocommit = True
             try:
-                found = driver.execute(self.sql, values).fetchone()
+                return fetch(driver.execute(self.sql, values))
             finally:
                 if not driver.broken:
                     driver.autocommit = False
@@ -111,7 +119,6 @@ class DriverRead:
             raise self._failed(fairy, driver, values, exc) from exc
         finally:
             fairy.close()
-        return self._row(found)
 
     def one_or_none_in(self, session: Session, params: dict | None):
         """The statement's single row (a named tuple) or None, in ``session``'s transaction."""

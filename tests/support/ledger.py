@@ -94,7 +94,7 @@ def snapshot_state(db: Database) -> tuple:
 
 
 def assert_chains_ok(db: Database, run_id: str | None = None) -> None:
-    with db.read() as s:
+    with db.read(transaction=run_id is None) as s:
         report = verify_chains(s, run_id=run_id)
     assert report.ok, report.problems
 
