@@ -6,14 +6,23 @@ Read from the producing runs' frozen snapshots, never from today's agent or sess
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import read_one
 from agentledger.core.schema import AgentRun, AgentVersion, ChatSession, Message
 from queries.agents_catalog import version_dict
-from queries.common import DEFAULT_LIMIT, Page, iso, run_summary, run_visible_to
+from queries.common import (
+    DEFAULT_LIMIT,
+    RUN_SUMMARY_COLUMNS,
+    Page,
+    iso,
+    run_summary,
+    run_visible_to,
+)
 from queries.message_search import MessageSearch, search_messages
 from queries.sessions import session_dict
 from queries.thread_history import thread_history
@@ -23,6 +32,27 @@ class UserMessage(Exception):
     """Provenance was asked of a user message."""
 
 
+# Built once. The answer's session is an alias: ``run_visible_to``'s subquery names
+# ``chat_session`` too, and would otherwise be correlated with it.
+_CHAT = ChatSession.__table__.alias("answer_session")
+_PROVENANCE = (
+    select(Message.id.label("message_id"), Message.role.label("message_role"),
+           Message.content.label("message_content"),
+           Message.created_at.label("message_created_at"),
+           Message.session_id.label("message_session_id"), Message.run_id.label("message_run_id"),
+           *RUN_SUMMARY_COLUMNS,
+           *(c.label(f"chat_{c.name}") for c in (
+               _CHAT.c.id, _CHAT.c.title, _CHAT.c.agent_id, _CHAT.c.owner_id,
+               _CHAT.c.created_at, _CHAT.c.updated_at, _CHAT.c.deleted_at)))
+    .select_from(Message)
+    .join(AgentRun, AgentRun.id == Message.run_id)
+    .outerjoin(_CHAT, _CHAT.c.id == Message.session_id)
+    .where(Message.id == bindparam("message_id"))
+)
+_VISIBLE_PROVENANCE = _PROVENANCE.where(run_visible_to(bindparam("owner_id")))
+_SESSION_FIELDS = ("id", "title", "agent_id", "owner_id", "created_at", "updated_at", "deleted_at")
+
+
 def message_provenance(
     session: Session, message_id: str, *, visible_to: str | None = None
 ) -> dict[str, Any] | None:
@@ -30,41 +60,36 @@ def message_provenance(
 
     Raises ``UserMessage`` for a user's own message (only answers have a producer).
     """
-    stmt = (
-        select(Message, AgentRun)
-        .join(AgentRun, AgentRun.id == Message.run_id)
-        .where(Message.id == message_id)
-    )
-    if visible_to is not None:
-        stmt = stmt.where(run_visible_to(visible_to))
-    found = session.execute(stmt).one_or_none()
-    if found is None:
+    if visible_to is None:
+        row = read_one(session, _PROVENANCE, {"message_id": message_id})
+    else:
+        row = read_one(session, _VISIBLE_PROVENANCE,
+                       {"message_id": message_id, "owner_id": visible_to})
+    if row is None:
         return None
-    message, run = found
-    if message.role != "assistant":
+    if row.message_role != "assistant":
         raise UserMessage(message_id)
     chat = None
-    if message.session_id is not None:
-        chat = session.execute(
-            select(ChatSession).where(ChatSession.id == message.session_id)
-        ).scalar_one_or_none()
-    snapshot = run.agent_execution_snapshot
+    if row.chat_id is not None:
+        chat = session_dict(SimpleNamespace(
+            **{f: getattr(row, f"chat_{f}") for f in _SESSION_FIELDS}))
+    snapshot = row.agent_execution_snapshot
     return {
         "message": {
-            "id": message.id,
-            "role": message.role,
-            "content": message.content,
-            "created_at": iso(message.created_at),
-            "session_id": message.session_id,
-            "run_id": message.run_id,
+            "id": row.message_id,
+            "role": row.message_role,
+            "content": row.message_content,
+            "created_at": iso(row.message_created_at),
+            "session_id": row.message_session_id,
+            "run_id": row.message_run_id,
         },
-        "run": run_summary(run),
+        "run": run_summary(row),
         "agent": {"id": snapshot["agent_id"], "name": snapshot["name"], "version": snapshot["version"]},
         "agent_execution_snapshot": snapshot,
-        "context_pack_snapshot": run.context_pack_snapshot,
-        "session": session_dict(chat) if chat is not None else None,
+        "context_pack_snapshot": row.context_pack_snapshot,
+        "session": chat,
         # What the producing run had in memory: its thread's earlier turns, with message ids.
-        "history": thread_history(session, run.id),
+        "history": thread_history(session, row.id),
     }
 
 

@@ -8,34 +8,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import execute, read_one
 from agentledger.core.schema import AgentRun
 from queries.common import iso, run_visible_to
 
 
+# Built once: the statements cost more to build and cache-key than to run.
+_ROOT = select(AgentRun.root_run_id).where(AgentRun.id == bindparam("run_id"))
+_VISIBLE_ROOT = _ROOT.where(run_visible_to(bindparam("owner_id")))
+_NODES = (
+    select(AgentRun.id, AgentRun.parent_run_id, AgentRun.agent_id,
+           AgentRun.agent_execution_snapshot, AgentRun.status, AgentRun.created_at,
+           AgentRun.started_at, AgentRun.finished_at)
+    .where(AgentRun.root_run_id == bindparam("root_id"))
+    .order_by(AgentRun.created_at, AgentRun.id)
+)
+
+
 def run_tree(session: Session, run_id: str, *, visible_to: str | None = None) -> dict[str, Any] | None:
-    stmt = select(AgentRun.root_run_id).where(AgentRun.id == run_id)
-    if visible_to is not None:
-        stmt = stmt.where(run_visible_to(visible_to))
-    root_id = session.execute(stmt).scalar_one_or_none()
-    if root_id is None:
+    if visible_to is None:
+        found = read_one(session, _ROOT, {"run_id": run_id})
+    else:
+        found = read_one(session, _VISIBLE_ROOT, {"run_id": run_id, "owner_id": visible_to})
+    if found is None:
         return None
-    rows = session.execute(
-        select(
-            AgentRun.id,
-            AgentRun.parent_run_id,
-            AgentRun.agent_id,
-            AgentRun.agent_execution_snapshot,
-            AgentRun.status,
-            AgentRun.created_at,
-            AgentRun.started_at,
-            AgentRun.finished_at,
-        )
-        .where(AgentRun.root_run_id == root_id)
-        .order_by(AgentRun.created_at, AgentRun.id)
-    ).all()
+    root_id = found.root_run_id
+    rows = execute(session, _NODES, {"root_id": root_id}).all()
     children: dict[str | None, list] = {}
     for row in rows:
         children.setdefault(row.parent_run_id, []).append(row)

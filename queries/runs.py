@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
+from agentledger.core.database import read_one
 from agentledger.core.schema import AgentRun
 from queries.common import (
     DEFAULT_LIMIT,
+    RUN_SUMMARY_COLUMNS,
     Page,
     keyset_page,
     run_summary,
@@ -19,15 +21,21 @@ from queries.common import (
 )
 
 
+# Built once (a run's page, its stream's first read and every executor's poll read it): a
+# statement built per call, and the ORM's loading of an entity, cost more than the read.
+_RUN = select(*RUN_SUMMARY_COLUMNS).where(AgentRun.id == bindparam("run_id"))
+_VISIBLE_RUN = _RUN.where(run_visible_to(bindparam("owner_id")))
+
+
 def get_run(session: Session, run_id: str, *, visible_to: str | None = None,
             admin: bool = False) -> dict[str, Any] | None:
     """The run as the API shows it, or None when it does not exist (or is not the owner's).
 
     ``admin`` adds what only admins see: ``redaction_count``."""
-    stmt = select(AgentRun).where(AgentRun.id == run_id)
-    if visible_to is not None:
-        stmt = stmt.where(run_visible_to(visible_to))
-    row = session.execute(stmt).scalar_one_or_none()
+    if visible_to is None:
+        row = read_one(session, _RUN, {"run_id": run_id})
+    else:
+        row = read_one(session, _VISIBLE_RUN, {"run_id": run_id, "owner_id": visible_to})
     if row is None:
         return None
     found = run_summary(row)

@@ -7,8 +7,9 @@ costs about twice the CPU it costs on the connection's psycopg driver (principal
 adds around a statement compiled once is per-execution bookkeeping (execution context,
 result metadata, events). Here a statement is compiled once per dialect; its result columns
 are converted with the same result processors SQLAlchemy would apply (``UTCDateTime``'s); a
-statement with a bind processor is refused (``DriverRead.of`` returns None) and the caller runs
-it the usual way.
+statement with a bind processor, or with a numeric result column (whose conversion SQLAlchemy
+chooses by the type the server reports for each result), is refused (``DriverRead.of`` returns
+None) and the caller runs it the usual way.
 
 ``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the pool's
 checkout checks, such as the ping after idle, apply); ``one_or_none_in`` reads inside a
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from sqlalchemy import types as sqltypes
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -79,6 +81,8 @@ class DriverRead:
         columns = getattr(compiled, "_result_columns", None) or []
         if not columns:
             return None
+        if any(isinstance(c[3], sqltypes.Numeric) for c in columns):
+            return None  # its conversion depends on the type the server reports per result
         converters = tuple(
             (i, process) for i, c in enumerate(columns)
             if (process := c[3]._cached_result_processor(dialect, None)) is not None
