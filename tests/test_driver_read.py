@@ -55,6 +55,15 @@ def test_a_statement_with_a_bind_conversion_is_left_to_sqlalchemy(pg_db):
     assert DriverRead.of(text("SELECT 1"), engine) is None  # no typed result columns
 
 
+def test_a_numeric_result_column_is_left_to_sqlalchemy(pg_db):
+    """SQLAlchemy converts a numeric by the type the server reports for the result; the driver
+    path knows none, so such a read runs the usual way, with the same answer."""
+    run_id = _queued_run(pg_db)
+    cost = select(AgentRun.usage_cost_usd, AgentRun.status).where(AgentRun.id == bindparam("run_id"))
+    assert pg_db.read_row(cost, {"run_id": run_id}) == (None, "queued")
+    assert DriverRead.of(cost, pg_db.primary_read_engine) is None
+
+
 def test_result_columns_are_converted_as_sqlalchemy_converts_them(pg_db):
     run_id = _queued_run(pg_db)
     for stmt in (select(AgentRun.created_at, AgentRun.status, AgentRun.started_at)
