@@ -15,7 +15,6 @@ from agentledger.core.database import execute, read_one
 from agentledger.core.schema import AgentRun
 from queries.common import iso, run_visible_to
 
-
 # Built once: the statements cost more to build and cache-key than to run.
 _ROOT = select(AgentRun.root_run_id).where(AgentRun.id == bindparam("run_id"))
 _VISIBLE_ROOT = _ROOT.where(run_visible_to(bindparam("owner_id")))

@@ -1,18 +1,18 @@
 """Small reads on PostgreSQL straight through psycopg, for the reads every request makes.
 
 The principal look-up runs on every authenticated request, the run's locked row on every
-append, cancel and delegation, an event stream's next page after every notification. Through SQLAlchemy's Core connection such a one-row statement
-costs about twice the CPU it costs on the connection's psycopg driver (principal look-up:
-≈ 200 µs against ≈ 100 µs, measured in one process on the same database); what SQLAlchemy
-adds around a statement compiled once is per-execution bookkeeping (execution context,
-result metadata, events). Here a statement is compiled once per dialect; its result columns
-are converted with the same result processors SQLAlchemy would apply (``UTCDateTime``'s); a
-statement with a bind processor, or with a numeric result column (whose conversion SQLAlchemy
-chooses by the type the server reports for each result), is refused (``DriverRead.of`` returns
-None) and the caller runs it the usual way.
+append, cancel and delegation, an event stream's next page after every notification. Through
+SQLAlchemy's Core connection such a statement costs about twice the CPU it costs on the
+connection's psycopg driver (principal look-up: ≈ 200 µs against ≈ 100 µs, measured in one
+process on the same database); what SQLAlchemy adds around a statement compiled once is
+per-execution bookkeeping (execution context, result metadata, events). Here a statement is
+compiled once per dialect; its result columns are converted with the same result processors
+SQLAlchemy would apply (``UTCDateTime``'s); a statement with a bind processor, or with a numeric
+result column (whose conversion SQLAlchemy chooses by the type the server reports for each
+result), is refused (``DriverRead.of`` returns None) and the caller runs it the usual way.
 
-``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the pool's
-checkout checks, such as the ping after idle, apply); ``one_or_none_in`` reads inside a
+``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the
+pool's checkout checks, such as the ping after idle, apply); ``one_or_none_in`` reads inside a
 session's transaction, on its connection. A connection a failure broke is invalidated, and the
 error is raised as SQLAlchemy's ``DBAPIError``, as a statement run through SQLAlchemy would
 raise it. SQLAlchemy's cursor events do not see these statements.
