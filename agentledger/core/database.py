@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import psycopg
 from sqlalchemy import create_engine, event, text
@@ -447,7 +448,7 @@ class Database:
         loop that re-reads after notifications: an event stream)."""
         return self._read_statement(stmt, params, one=False, fresh=fresh)
 
-    def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool):
+    def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool) -> Any:
         def rows_of(result):
             return result.one_or_none() if one else result.all()
 
