@@ -20,8 +20,9 @@ from queries.common import (
     run_visible_to,
 )
 
-# Built once (a run's page, its stream's first read and every executor's poll read it): a
-# statement built per call, and the ORM's loading of an entity, cost more than the read.
+# Built once (the run route, which HTTP executors and clients poll while they follow a run, and
+# the run page read it): a statement built per call, and the ORM's loading of an entity, cost
+# more than the read.
 _RUN = select(*RUN_SUMMARY_COLUMNS).where(AgentRun.id == bindparam("run_id"))
 _VISIBLE_RUN = _RUN.where(run_visible_to(bindparam("owner_id")))
 
