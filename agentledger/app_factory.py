@@ -39,7 +39,7 @@ def create_app(
     app.json.sort_keys = False
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres,
                              poll_seconds=settings.sse_poll_seconds)
-    db.add_notification_listener(notifier.signal)
+    notifier.hear_commits_of(db)
     app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier)
 
     from agentledger.api import blueprint

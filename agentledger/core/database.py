@@ -109,6 +109,23 @@ def read_one(session: Session, statement, params: dict):
     return execute(session, statement, params).one_or_none()
 
 
+def _track_backend_pids(engine: Engine, pids: set[int]) -> None:
+    """Keep ``pids`` equal to the server process ids of the engine's open connections."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, record):
+        record.info["backend_pid"] = pid = dbapi_connection.info.backend_pid
+        pids.add(pid)
+
+    @event.listens_for(engine, "close")
+    def _on_close(_dbapi_connection, record):
+        pids.discard(record.info.get("backend_pid"))
+
+    @event.listens_for(engine, "close_detached")
+    def _on_close_detached(dbapi_connection):
+        pids.discard(dbapi_connection.info.backend_pid)
+
+
 def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
     """Check a pooled connection before use only when it sat idle for ``idle_seconds``.
 
@@ -295,6 +312,11 @@ class Database:
             if self.read_url and self.is_postgres else None
         )
         self._listeners: list[Callable[[str, str], None]] = []
+        # PostgreSQL: the server processes behind the write engine's connections, whose NOTIFYs
+        # ``write`` also hands to this process's listeners after their commit.
+        self._backend_pids: set[int] = set()
+        if self.is_postgres:
+            _track_backend_pids(self.engine, self._backend_pids)
 
     @property
     def is_postgres(self) -> bool:
@@ -323,6 +345,12 @@ class Database:
 
     def add_notification_listener(self, listener: Callable[[str, str], None]) -> None:
         self._listeners.append(listener)
+
+    def writes_through(self, backend_pid: int) -> bool:
+        """Whether a PostgreSQL NOTIFY from ``backend_pid`` was sent by this process's writes:
+        their listeners got it from ``write`` already, and its echo through ``LISTEN`` would
+        only wake the same waiters again for nothing."""
+        return backend_pid in self._backend_pids
 
     @classmethod
     def from_settings(cls, settings) -> Database:

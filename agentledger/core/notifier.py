@@ -9,9 +9,11 @@ loops), never one connection per client:
   ``last_event_seq`` tells which of them moved.
 
 Writes made by this very process are signalled straight after their commit
-(``Database.add_notification_listener``). A notification is only a hint: waiters re-read the
-database, the source of truth, so a missed or duplicated one can delay delivery by at most the
-fallback timeout, never lose or repeat data.
+(``hear_commits_of``), and their echo through ``LISTEN`` is skipped (it comes from one of the
+process's own server connections, ``Database.writes_through``): each commit wakes its waiters
+once, not twice (a second stream page read, a second claim that finds nothing). A notification
+is only a hint: waiters re-read the database, the source of truth, so a missed or duplicated
+one can delay delivery by at most the fallback timeout, never lose or repeat data.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from sqlalchemy.engine import make_url
 
 from agentledger.core.config import sqlite_path
 from agentledger.core.dialect import EVENTS_CHANNEL, QUEUE_CHANNEL
+
+if TYPE_CHECKING:
+    from agentledger.core.database import Database
 
 log = logging.getLogger("agentledger.core.notifier")
 
@@ -57,6 +64,7 @@ class EventNotifier:
         self._started = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._own_writes: list[Callable[[int], bool]] = []
 
     # ---- waiting -------------------------------------------------------------------------
 
@@ -117,6 +125,15 @@ class EventNotifier:
             return self._queue_generation
 
     # ---- signalling ----------------------------------------------------------------------
+
+    def hear_commits_of(self, db: Database) -> None:
+        """Be told of ``db``'s commits by ``db.write`` itself, at once, instead of by their
+        echo through the database."""
+        db.add_notification_listener(self.signal)
+        self._own_writes.append(db.writes_through)
+
+    def _is_echo(self, backend_pid: int) -> bool:
+        return any(own(backend_pid) for own in self._own_writes)
 
     def signal(self, channel: str, payload: str) -> None:
         """Record a notification (from the watcher, or from this process's own commits)."""
@@ -180,7 +197,8 @@ class EventNotifier:
                 self._wake_all()
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=1.0):
-                        self.signal(note.channel, note.payload)
+                        if not self._is_echo(note.pid):
+                            self.signal(note.channel, note.payload)
 
         self._retrying(listen, "notification listener")
 

@@ -67,7 +67,7 @@ class DatabaseBackend:
         self.instance_id = instance_id
         if notifier is None:
             notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
-            db.add_notification_listener(notifier.signal)
+            notifier.hear_commits_of(db)
         self.notifier = notifier
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:

@@ -197,7 +197,10 @@ class Executor:
                 self._release(reserved - len(claimed))
             for run in claimed:
                 self._launch(run)
-            if not claimed:
+            if len(claimed) < reserved:
+                # Fewer than asked for: every run claimable when the claim began is taken, so
+                # claiming again at once would find nothing. The generation was read before
+                # the claim, so a run queued since then returns from this wait at once.
                 self.notifier.wait_for_queue(seen, 1.0)
 
     def _launch(self, run: ClaimedRun) -> None:

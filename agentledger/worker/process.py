@@ -36,7 +36,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
     setup_framework_storage(settings.database_url)
     db = Database.from_settings(settings)
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres)
-    db.add_notification_listener(notifier.signal)
+    notifier.hear_commits_of(db)
     executor = Executor(db, settings, instance_id=instance_id or default_instance_id(),
                         concurrency=concurrency, notifier=notifier)
     reconciler = ReconcilerThread(db, settings)
