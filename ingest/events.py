@@ -10,11 +10,14 @@ nothing. Terminal events also create the assistant message (``run.completed``), 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import bindparam, func, insert, literal, select, update
+from sqlalchemy import Integer, Text, bindparam, func, insert, literal, select, update
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -23,11 +26,12 @@ from agentledger.core.database import execute, read_one
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
+from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.redaction import redactor_of
 from agentledger.core.schema import AgentRun, Message, RunEvent
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
-from ingest.rollup import RunOutcome, record_run_end, rollup_shard, run_usage
+from ingest.rollup import RunOutcome, record_run_end, rollup_shard
 from ingest.state_machine import EVENT_TARGET, Lease, next_status, row_changes
 
 LOCKED_RUN_COLUMNS = (
@@ -72,17 +76,18 @@ def lock_run(session: Session, run_id: str):
     return row
 
 
-_LOCK_STATEMENTS: dict[str, Any] = {}
+_LOCK_STATEMENTS: dict[tuple[str, bool], Any] = {}
 
 
-def _lock_statement(session: Session):
+def _lock_statement(session: Session, *, root_only: bool = False):
     # Built once per dialect: every append, cancel and delegation starts with this statement.
-    key = dialect.name(session)
+    key = (dialect.name(session), root_only)
     if key not in _LOCK_STATEMENTS:
         # The row lock and the clock in one round trip (dialect.locked_with_clock).
-        stmt = dialect.locked_with_clock(
-            select(*LOCKED_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id")), key)
-        _LOCK_STATEMENTS[key] = stmt
+        query = select(*LOCKED_RUN_COLUMNS).where(AgentRun.id == bindparam("run_id"))
+        if root_only:
+            query = query.where(AgentRun.parent_run_id.is_(None))
+        _LOCK_STATEMENTS[key] = dialect.locked_with_clock(query, key[0])
     return _LOCK_STATEMENTS[key]
 
 
@@ -105,9 +110,46 @@ _APPENDED_EVENT = insert(RunEvent.__table__).values(
     data=bindparam("event_data"), created_at=bindparam("event_created_at"),
     hash=bindparam("event_hash"),
 ).cte("appended_event")
-_ADVANCE_RUN_WITH_EVENT = _ADVANCE_RUN_NOTIFYING.add_cte(_APPENDED_EVENT)
 _APPENDED_EVENT_PARAMS = ("event_run_id", "event_seq", "event_type", "event_data",
                           "event_created_at", "event_hash")
+# A few events as arrays (``events_*``; the data as its canonical JSON text, which the hash was
+# computed over), unnested into rows by the server.
+_NEW_EVENTS = func.unnest(
+    bindparam("events_seq", type_=ARRAY(Integer)), bindparam("events_type", type_=ARRAY(Text)),
+    bindparam("events_data", type_=ARRAY(Text)), bindparam("events_hash", type_=ARRAY(Text)),
+).table_valued("seq", "type", "data", "hash").render_derived(name="new_events")
+_APPENDED_EVENTS = insert(RunEvent.__table__).from_select(
+    ["run_id", "seq", "type", "data", "created_at", "hash"],
+    select(bindparam("events_run_id", type_=RunEvent.__table__.c.run_id.type), _NEW_EVENTS.c.seq,
+           _NEW_EVENTS.c.type, sql_cast(_NEW_EVENTS.c.data, JSONB),
+           bindparam("events_created_at", type_=RunEvent.__table__.c.created_at.type),
+           _NEW_EVENTS.c.hash),
+).cte("appended_events")
+# The ending's assistant message (``msg_*``: not names of agent_run columns, which would be
+# taken for columns to set).
+_APPENDED_MESSAGE = insert(Message.__table__).values(
+    id=bindparam("msg_id"), session_id=bindparam("msg_session_id"),
+    thread_id=bindparam("msg_thread_id"), owner_id=bindparam("msg_owner_id"),
+    role=literal("assistant"), content=bindparam("msg_content"), run_id=bindparam("msg_run_id"),
+    created_at=bindparam("msg_created_at"),
+).cte("appended_message")
+# How a batch's events go in on PostgreSQL: none with the advance (COPY before it), one as
+# ``event_*`` parameters, or a few as arrays.
+_EVENTS_NONE, _EVENTS_ONE, _EVENTS_MANY = "none", "one", "many"
+_EVENTS_IN_ADVANCE_MAX = 32
+
+
+@functools.cache
+def _advance_statement(events_in: str, with_message: bool):
+    """The PostgreSQL head advance with what goes in with it; built once per shape."""
+    stmt = _ADVANCE_RUN_NOTIFYING
+    if events_in == _EVENTS_ONE:
+        stmt = stmt.add_cte(_APPENDED_EVENT)
+    elif events_in == _EVENTS_MANY:
+        stmt = stmt.add_cte(_APPENDED_EVENTS)
+    if with_message:
+        stmt = stmt.add_cte(_APPENDED_MESSAGE)
+    return stmt
 
 # Events whose data the ledger itself makes of ids, times and its own words: redacting them
 # (a custom pattern that matches digits) could only break the links they record.
@@ -124,8 +166,12 @@ def lock_run_and_parent(session: Session, run_id: str):
     """Lock the parent (whose ``run.child_finished`` an ending child appends), then the run.
 
     Every writer locks ancestors before descendants, so two transactions never wait on each
-    other in opposite orders.
+    other in opposite orders. A root run (most runs) has no parent to lock first: one statement
+    locks it if it is one (``parent_run_id`` never changes), else the parent is looked up.
     """
+    root = read_one(session, _lock_statement(session, root_only=True), {"run_id": run_id})
+    if root is not None:
+        return root
     parent = execute(session, _PARENT_OF, {"run_id": run_id}).scalar_one_or_none()
     if parent:
         lock_run(session, parent)
@@ -150,14 +196,36 @@ def _insert_events(session: Session, rows: list[tuple]) -> None:
     ])
 
 
-_DELTAS_OF = (select(RunEvent.data)
-              .where(RunEvent.run_id == bindparam("run_id"), RunEvent.type == "message.delta")
-              .order_by(RunEvent.seq))
+# What a run's ending needs of its stored events, in one read: the usage events (its totals)
+# and, when the answer is the joined deltas, the message.delta events; in seq order.
+_ENDING_READS = {
+    with_deltas: (select(RunEvent.type, RunEvent.data)
+                  .where(RunEvent.run_id == bindparam("run_id"),
+                         RunEvent.type.in_(("usage", "message.delta") if with_deltas
+                                           else ("usage",)))
+                  .order_by(RunEvent.seq))
+    for with_deltas in (False, True)
+}
 
 
-def _delta_text(session: Session, run_id: str) -> str:
-    rows = execute(session, _DELTAS_OF, {"run_id": run_id}).scalars()
-    return "".join(str(d.get("text", "")) for d in rows)
+@dataclass
+class _Stored:
+    """The run's stored usage data and delta text, read under its lock before the batch."""
+
+    usage: list[dict] = field(default_factory=list)
+    delta_text: str = ""
+
+
+def _stored_for_ending(session: Session, run_id: str, with_deltas: bool) -> _Stored:
+    found = _Stored()
+    deltas = []
+    for event_type, data in execute(session, _ENDING_READS[with_deltas], {"run_id": run_id}):
+        if event_type == "usage":
+            found.usage.append(data)
+        else:
+            deltas.append(str(data.get("text", "")))
+    found.delta_text = "".join(deltas)
+    return found
 
 
 def append_events(
@@ -209,23 +277,29 @@ def append_events(
             if item.type not in NOT_REDACTED:
                 item.data = redactor.value(item.data)
 
+    postgres = dialect.name(session) == "postgresql"
     values: dict[str, Any] = {}
     final_message_id = None
-    delta_text_in_batch = "".join(
-        str(p.data.get("text", "")) for p in pending if p.type == "message.delta"
-    )
+    message: dict[str, Any] | None = None
+    stored = None
+    if status in TERMINAL:
+        # Under the lock, before the batch goes in: what the ending sums and joins.
+        stored = _stored_for_ending(session, run_id, with_deltas=any(
+            p.type == "run.completed" and p.data.get("content") is None for p in pending))
     for item in pending:
         if item.type == "run.completed":
             content = item.data.pop("content", None)
             if content is None:
-                content = _delta_text(session, run_id) + delta_text_in_batch
+                assert stored is not None
+                content = stored.delta_text + "".join(
+                    str(p.data.get("text", "")) for p in pending if p.type == "message.delta")
             # Joined deltas may form a value no single delta held.
             content = redactor.text(content)
             final_message_id = new_id("msg")
-            session.execute(_INSERT_MESSAGE, {
-                "id": final_message_id, "session_id": run.session_id,
-                "thread_id": run.thread_id, "owner_id": run.owner_id, "role": "assistant",
-                "content": content, "run_id": run_id, "created_at": now})
+            message = {"id": final_message_id, "session_id": run.session_id,
+                       "thread_id": run.thread_id, "owner_id": run.owner_id,
+                       "role": "assistant", "content": content, "run_id": run_id,
+                       "created_at": now}
             item.data["final_message_id"] = final_message_id
         values.update(row_changes(item.type, item.data, now, lease=lease))
 
@@ -237,26 +311,36 @@ def append_events(
         data_json = canonical_json(item.data)
         chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
         rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
-    postgres = dialect.name(session) == "postgresql"
-    # On PostgreSQL a single event goes in with the head advance (one statement).
-    with_advance = postgres and len(rows) == 1
-    if with_advance:
+    # On PostgreSQL a batch of a few events and the ending's message go in with the head
+    # advance, in one statement (data-modifying CTEs of it); a long batch goes in with COPY.
+    events_in = (_EVENTS_NONE if not postgres or len(rows) > _EVENTS_IN_ADVANCE_MAX
+                 else _EVENTS_ONE if len(rows) == 1 else _EVENTS_MANY)
+    if events_in == _EVENTS_ONE:
         values.update(zip(_APPENDED_EVENT_PARAMS, (run_id, seq, rows[0][2], rows[0][6], now,
                                                    chain), strict=True))
+    elif events_in == _EVENTS_MANY:
+        values.update(events_run_id=run_id, events_created_at=now,
+                      events_seq=[r[1] for r in rows], events_type=[r[2] for r in rows],
+                      events_data=[r[3] for r in rows], events_hash=[r[5] for r in rows])
     else:
         _insert_events(session, rows)
+    with_message = postgres and message is not None
+    if with_message:
+        assert message is not None
+        values.update({f"msg_{k}": v for k, v in message.items() if k != "role"})
+    elif message is not None:
+        session.execute(_INSERT_MESSAGE, message)
     usage = None
-    if status in TERMINAL:
+    if stored is not None:
         # The run's usage totals are final with its terminal event (always its last); they go
-        # on its row with the ending, and into the rollup below. Every usage event is stored
-        # by now: a batch still to go in with the head advance is the terminal event alone.
-        usage = run_usage(session, run_id)
+        # on its row with the ending, and into the rollup below: the stored usage events and
+        # the batch's, in seq order.
+        usage = usage_totals([*stored.usage, *(p.data for p in pending if p.type == "usage")])
         values.update(zip(("usage_input_tokens", "usage_output_tokens", "usage_cost_usd"), usage,
                           strict=True))
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    advance = (_ADVANCE_RUN_WITH_EVENT if with_advance
-               else _ADVANCE_RUN_NOTIFYING if postgres else _ADVANCE_RUN)
+    advance = (_advance_statement(events_in, with_message) if postgres else _ADVANCE_RUN)
     updated = execute(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,

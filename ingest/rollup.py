@@ -20,11 +20,10 @@ import zlib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import bindparam, delete, select, text, tuple_
+from sqlalchemy import delete, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
-from agentledger.core.database import execute
 from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 from agentledger.core.outcome_sums import OutcomeSums, usage_totals
 from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
@@ -137,16 +136,6 @@ def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> 
     batch = RollupBatch()
     batch.add(outcome, shard=shard)
     batch.write(session)
-
-
-_USAGE_OF = (select(RunEvent.data)
-             .where(RunEvent.run_id == bindparam("run_id"), RunEvent.type == "usage")
-             .order_by(RunEvent.seq))
-
-
-def run_usage(session: Session, run_id: str) -> tuple[int, int, float | None]:
-    """Tokens and cost of the run's stored ``usage`` events (a primary-key range read)."""
-    return usage_totals(execute(session, _USAGE_OF, {"run_id": run_id}).scalars())
 
 
 def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
