@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _SLUG = re.compile(r"[^a-z0-9]+")
+_TOOL_SCHEMA = re.compile(r"llm\.tools\.\d+\.tool\.json_schema$")
+# The first character, after JSON's whitespace, of any text ``json.loads`` accepts (Python's
+# decoder also takes NaN and Infinity): other text is returned as it is without trying to parse
+# it, since a failed parse raises and most attribute text is plain prose.
+_JSON_START = frozenset('{["-0123456789tfnNI')
+_JSON_SPACE = " \t\n\r"
 
 
 def _json(value: Any) -> Any:
     if isinstance(value, str):
+        start = value.lstrip(_JSON_SPACE)[:1]
+        if start not in _JSON_START:
+            return value
         try:
             return json.loads(value)
         except ValueError:
@@ -69,10 +79,18 @@ def _parts_text(message: Any) -> str:
     return "".join(texts)
 
 
+@functools.cache
+def _oi_message_key(prefix: str) -> re.Pattern:
+    return re.compile(re.escape(prefix) + r"\.(\d+)\.message\.(role|content)$")
+
+
 def _oi_messages(attrs: dict, prefix: str) -> list[dict]:
     """OpenInference's flattened ``llm.input_messages.<i>.message.role/content``."""
+    dotted = prefix + "."
+    if not any(key.startswith(dotted) for key in attrs):
+        return []  # most spans: no key to match
     found: dict[int, dict] = {}
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.message\.(role|content)$")
+    pattern = _oi_message_key(prefix)
     for key, value in attrs.items():
         match = pattern.match(key)
         if match:
@@ -169,9 +187,8 @@ def tool_names(attrs: dict) -> list[str] | None:
         names = [str(t.get("name") or (t.get("function") or {}).get("name") or "")
                  for t in value if isinstance(t, dict)]
     else:
-        pattern = re.compile(r"llm\.tools\.\d+\.tool\.json_schema$")
         for key, schema in attrs.items():
-            if pattern.match(key):
+            if _TOOL_SCHEMA.match(key):
                 parsed = _json(schema)
                 if isinstance(parsed, dict):
                     names.append(str(parsed.get("name")
