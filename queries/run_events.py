@@ -63,13 +63,6 @@ _PAGE = _page(_HEAD)
 _VISIBLE_PAGE = _page(_VISIBLE_HEAD)
 
 
-def run_head(session: Session, run_id: str, *, visible_to: str | None = None):
-    """(status, last_event_seq) of a run the caller may see, else None."""
-    if visible_to is None:
-        return execute(session, _HEAD, {"run_id": run_id}).one_or_none()
-    return execute(session, _VISIBLE_HEAD, {"run_id": run_id, "owner_id": visible_to}).one_or_none()
-
-
 def events_page(
     session: Session, run_id: str, *, after_seq: int = 0, limit: int = 50,
     visible_to: str | None = None,

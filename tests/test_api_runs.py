@@ -198,6 +198,32 @@ def test_event_stream_through_the_test_client(api, chat):
     assert done.status == 204 and done.body == b""
 
 
+def test_an_event_stream_leaves_no_subscription_behind(api, chat):
+    """The stream subscribes to its run before its first read; whatever the answer (404, 204, a
+    stream read to its end, or one closed unread), the subscription ends with the response."""
+    notifier = api.app.extensions["agentledger"].notifier
+    sse = {"Accept": "text/event-stream"}
+    assert api.get("/api/agent-runs/run_nope/events", api.alice, headers=sse).status == 404
+    assert notifier.subscribers("run_nope") == 0
+
+    posted, _ = answer(api, api.alice, api.executor, chat, "q", texts=("x",))
+    run, url = posted["run_id"], posted["events_url"]
+    assert api.get(url, api.bob, headers=sse).status == 404  # another owner's run
+    assert api.get(url, api.alice, headers={**sse, "Last-Event-ID": "4"}).status == 204
+    assert notifier.subscribers(run) == 0
+    assert [f.event for f in SSEParser().feed(api.get(url, api.alice, headers=sse).body)
+            if f.is_event][-1] == "run.completed"
+    assert notifier.subscribers(run) == 0
+
+    waiting = post_message(api, api.alice, chat, "another")
+    unread = api.client.get(waiting["events_url"], headers={**sse, "Authorization":
+                                                            f"Bearer {api.alice}"},
+                            buffered=False)
+    assert unread.status_code == 200 and notifier.subscribers(waiting["run_id"]) == 1
+    unread.close()
+    assert notifier.subscribers(waiting["run_id"]) == 0
+
+
 # ---- cancel ------------------------------------------------------------------------------------
 
 

@@ -12,11 +12,11 @@ import time
 
 from flask import Response, request, stream_with_context
 
-from agentledger.api.request_scope import owner_scope, read_one, state
+from agentledger.api.request_scope import owner_scope, state
 from agentledger.api.requests import MAX_INT32
 from agentledger.core.errors import InvalidRequest, NotFound
 from agentledger.web.metrics import STREAMS_OPEN
-from queries.run_events import events_page_of, events_page_read, run_head
+from queries.run_events import events_page_of, events_page_read
 
 PAGE = 500
 RETRY_MS = 2000
@@ -46,54 +46,79 @@ def frame(event: dict) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
+def _first_page(run_id: str, after_seq: int, scope: str | None):
+    """The stream's first page, which also says whether the caller may see the run (None: not
+    found). Like ``request_scope.read_one``, "not found" on a replica is asked of the primary."""
+    db = state().db
+    stmt, params = events_page_read(run_id, after_seq=after_seq, limit=PAGE, visible_to=scope)
+    page = events_page_of(db.read_rows(stmt, params, fresh=True), run_id, after_seq)
+    if page is None and db.read_url is not None:
+        with db.read(primary=True) as session:
+            page = events_page_of(session.execute(stmt, params).all(), run_id, after_seq)
+    return page
+
+
 def event_stream_response(run_id: str, after_seq: int) -> Response:
     start = _start_after(after_seq)
     scope = owner_scope()
     app_state = state()
-    head = read_one(run_head, run_id, visible_to=scope)
-    if head is None:
-        raise NotFound(f"run {run_id} does not exist")
-    if head.status in ("succeeded", "failed", "cancelled", "interrupted") and start >= head.last_event_seq:
-        return Response(status=204)
-
     keepalive = app_state.settings.sse_keepalive_seconds
     notifier = app_state.notifier
     key = run_id
+    # Subscribed before the first read, so that an event committed after it wakes the stream;
+    # the first page says whether the run exists and is visible (no separate head read). The
+    # subscription ends when the response is closed, whether or not it was ever iterated.
+    notifier.subscribe(key)
+    streaming = False
+    try:
+        seen = notifier.generation(key)
+        first = _first_page(run_id, start, scope)
+        if first is None:
+            raise NotFound(f"run {run_id} does not exist")
+        if first.terminal and not first.events:
+            return Response(status=204)
 
-    def generate():
-        last = start
-        notifier.subscribe(key)
-        STREAMS_OPEN.inc()
-        try:
-            yield f"retry: {RETRY_MS}\n\n"
-            last_write = time.monotonic()
-            while True:
-                seen = notifier.generation(key)
-                rows = app_state.db.read_rows(
-                    *events_page_read(run_id, after_seq=last, limit=PAGE, visible_to=scope),
-                    fresh=True)
-                page = events_page_of(rows, run_id, last)
-                if page is None:
-                    return
-                if page.events:
-                    yield "".join(frame(e) for e in page.events)
-                    last = page.next_after_seq
-                    last_write = time.monotonic()
-                if page.terminal:
-                    return
-                if len(page.events) == PAGE:
-                    continue
-                remaining = keepalive - (time.monotonic() - last_write)
-                if remaining <= 0:
-                    yield ": keep-alive\n\n"
-                    last_write = time.monotonic()
-                    remaining = keepalive
-                notifier.wait(key, seen, remaining)
-        finally:
-            STREAMS_OPEN.dec()
+        def generate():
+            last, page, waited = start, first, seen
+            STREAMS_OPEN.inc()
+            try:
+                yield f"retry: {RETRY_MS}\n\n"
+                last_write = time.monotonic()
+                while True:
+                    if page is None:
+                        waited = notifier.generation(key)
+                        rows = app_state.db.read_rows(
+                            *events_page_read(run_id, after_seq=last, limit=PAGE,
+                                              visible_to=scope),
+                            fresh=True)
+                        page = events_page_of(rows, run_id, last)
+                        if page is None:
+                            return
+                    if page.events:
+                        yield "".join(frame(e) for e in page.events)
+                        last = page.next_after_seq
+                        last_write = time.monotonic()
+                    if page.terminal:
+                        return
+                    full = len(page.events) == PAGE
+                    page = None
+                    if full:
+                        continue
+                    remaining = keepalive - (time.monotonic() - last_write)
+                    if remaining <= 0:
+                        yield ": keep-alive\n\n"
+                        last_write = time.monotonic()
+                        remaining = keepalive
+                    notifier.wait(key, waited, remaining)
+            finally:
+                STREAMS_OPEN.dec()
+
+        response = Response(stream_with_context(generate()), mimetype="text/event-stream")
+        response.call_on_close(lambda: notifier.unsubscribe(key))
+        streaming = True
+    finally:
+        if not streaming:
             notifier.unsubscribe(key)
-
-    response = Response(stream_with_context(generate()), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"
     return response

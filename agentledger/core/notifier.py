@@ -90,6 +90,12 @@ class EventNotifier:
                 if entry.subscribers <= 0:
                     del self._subscriptions[key]
 
+    def subscribers(self, key: str) -> int:
+        """How many waiters are subscribed to ``key`` now."""
+        with self._lock:
+            entry = self._subscriptions.get(key)
+            return entry.subscribers if entry else 0
+
     def generation(self, key: str) -> int:
         with self._lock:
             entry = self._subscriptions.get(key)
