@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, exists, null, select, tuple_, update
+from sqlalchemy import Integer, and_, any_, bindparam, exists, func, null, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -78,6 +78,32 @@ def claimable_runs_query(max_runs):
     )
 
 
+def first_in_line_query(max_runs):
+    """PostgreSQL: ``claimable_runs_query`` shaped so that its cost grows with the queue, not
+    with its square: the first queued run of each thread in one pass (``DISTINCT ON``), then
+    one index probe per candidate for an active run of its thread (a correlated subquery
+    fenced with ``OFFSET 0``, so that it stays one). Planned from statistics in which queued
+    runs are rare, the anti-joins of ``claimable_runs_query`` scanned every queued and every
+    active run for each queued run: 55 ms for 200 queued runs, against 1.7 ms this way."""
+    queued = _EARLIER_RUN
+    first = (select(queued.id).where(queued.status == "queued")
+             .distinct(queued.thread_id)
+             .order_by(queued.thread_id, queued.created_at, queued.id))
+    active = (select(_OTHER_RUN.id)
+              .where(_OTHER_RUN.thread_id == AgentRun.thread_id, _OTHER_RUN.status.in_(ACTIVE))
+              .offset(0))
+    return (
+        select(AgentRun.id)
+        # ``= ANY(ARRAY(…))``: the candidates are computed once (an InitPlan), whatever the
+        # planner guesses of the queue's size; ``IN (…)`` became a semi-join rescanning them
+        # for each queued run.
+        .where(AgentRun.status == "queued",
+               AgentRun.id == any_(func.array(first.scalar_subquery())), ~exists(active))
+        .order_by(AgentRun.created_at, AgentRun.id)
+        .limit(max_runs)
+    )
+
+
 _CLAIM_STATEMENTS: dict[str, Any] = {}
 
 # What a claim reads of each run it locks: what an append checks under the run's lock (so
@@ -93,8 +119,9 @@ def _claim_statement(session: Session):
     if key not in _CLAIM_STATEMENTS:
         # The rows chosen and locked and the clock in one round trip: the clock is read after
         # the choice, which the end of each thread's previous run decided.
+        shape = first_in_line_query if key == "postgresql" else claimable_runs_query
         stmt = dialect.locked_with_clock(
-            claimable_runs_query(bindparam("max_runs")).with_only_columns(*_CLAIMED_COLUMNS),
+            shape(bindparam("max_runs", type_=Integer)).with_only_columns(*_CLAIMED_COLUMNS),
             key, skip_locked=True, order_by=("created_at", "id"))
         _CLAIM_STATEMENTS[key] = stmt
     return _CLAIM_STATEMENTS[key]

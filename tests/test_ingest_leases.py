@@ -153,3 +153,40 @@ def test_heartbeat_after_expiry_is_lease_lost(db, agent):
         beat(db, run_id)
     assert snapshot_state(db) == before
     assert run_row(db, run_id).status == "running"  # expiry is not a failure by itself
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.pg_only
+def test_a_long_queue_is_claimed_without_scanning_it_for_each_run(pg_db):
+    """The claim's plan is one pass over the queue (the first run of each thread, computed
+    once) and one index probe per candidate for an active run of its thread, whatever the
+    statistics say of the queue; no join that rescans the queue for every queued run."""
+    from sqlalchemy import text
+    from sqlalchemy.dialects import postgresql
+
+    from ingest.leases import _claim_statement
+
+    make_agent(pg_db, "echo", name="Echo")
+    runs = [post(pg_db, make_session(pg_db), f"m{i}").run_id for i in range(40)]
+    busy = make_session(pg_db)
+    post(pg_db, busy, "running")
+    waiting = post(pg_db, busy, "waits for the one before").run_id
+    with pg_db.write() as s:  # statistics taken while the queue is long
+        s.execute(text("ANALYZE agent_run"))
+    with pg_db.write() as s:
+        sql = _claim_statement(s).params(max_runs=5).compile(
+            dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+        plan = s.execute(text(f"EXPLAIN (FORMAT JSON) {sql}")).scalar_one()[0]["Plan"]
+    nodes = list(_plan_nodes(plan))
+    assert not [n for n in nodes if n.get("Join Type") in ("Anti", "Semi")], plan
+    probes = [n for n in nodes if n.get("Parent Relationship") == "SubPlan"]
+    assert probes and all("Index Cond" in n and "thread_id" in n["Index Cond"] for n in probes)
+    assert [n for n in nodes if n.get("Parent Relationship") == "InitPlan"]
+
+    claimed = [c.run_id for c in claim(pg_db, W, max_runs=50)]
+    assert claimed == [*runs, claimed[-1]] and waiting not in claimed
