@@ -130,7 +130,7 @@ _APPENDED_EVENTS = insert(RunEvent.__table__).from_select(
 _APPENDED_MESSAGE = insert(Message.__table__).values(
     id=bindparam("msg_id"), session_id=bindparam("msg_session_id"),
     thread_id=bindparam("msg_thread_id"), owner_id=bindparam("msg_owner_id"),
-    role=literal("assistant"), content=bindparam("msg_content"), run_id=bindparam("msg_run_id"),
+    role=bindparam("msg_role"), content=bindparam("msg_content"), run_id=bindparam("msg_run_id"),
     created_at=bindparam("msg_created_at"),
 ).cte("appended_message")
 # How a batch's events go in on PostgreSQL: none with the advance (COPY before it), one as
@@ -327,7 +327,7 @@ def append_events(
     with_message = postgres and message is not None
     if with_message:
         assert message is not None
-        values.update({f"msg_{k}": v for k, v in message.items() if k != "role"})
+        values.update({f"msg_{k}": v for k, v in message.items()})
     elif message is not None:
         session.execute(_INSERT_MESSAGE, message)
     usage = None

@@ -46,13 +46,20 @@ def frame(event: dict) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
+def _next_page(db, run_id: str, after_seq: int, scope: str | None):
+    """The events after ``after_seq`` with the run's head (None: the caller may not see it)."""
+    stmt, params = events_page_read(run_id, after_seq=after_seq, limit=PAGE, visible_to=scope)
+    return events_page_of(db.read_rows(stmt, params, fresh=True), run_id, after_seq)
+
+
 def _first_page(run_id: str, after_seq: int, scope: str | None):
     """The stream's first page, which also says whether the caller may see the run (None: not
     found). Like ``request_scope.read_one``, "not found" on a replica is asked of the primary."""
     db = state().db
-    stmt, params = events_page_read(run_id, after_seq=after_seq, limit=PAGE, visible_to=scope)
-    page = events_page_of(db.read_rows(stmt, params, fresh=True), run_id, after_seq)
+    page = _next_page(db, run_id, after_seq, scope)
     if page is None and db.read_url is not None:
+        stmt, params = events_page_read(run_id, after_seq=after_seq, limit=PAGE,
+                                        visible_to=scope)
         with db.read(primary=True) as session:
             page = events_page_of(session.execute(stmt, params).all(), run_id, after_seq)
     return page
@@ -87,11 +94,7 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
                 while True:
                     if page is None:
                         waited = notifier.generation(key)
-                        rows = app_state.db.read_rows(
-                            *events_page_read(run_id, after_seq=last, limit=PAGE,
-                                              visible_to=scope),
-                            fresh=True)
-                        page = events_page_of(rows, run_id, last)
+                        page = _next_page(app_state.db, run_id, last, scope)
                         if page is None:
                             return
                     if page.events:
