@@ -32,20 +32,21 @@ def _subtree_top_down(session: Session, run_id: str, root_run_id: str) -> list[s
     return ordered
 
 
-def _cancel_one(session: Session, run_id: str, requested_by: str) -> str:
+def _cancel_one(session: Session, run_id: str, requested_by: str) -> tuple[str, str]:
+    """Cancel one run under its lock; (its status under the lock, its status afterwards)."""
     status = lock_run_and_parent(session, run_id).status
     if status == "queued":
-        return append_events(
+        return status, append_events(
             session,
             run_id,
             [("run.cancelled", {"external_stop_confirmed": True, "before_start": True,
                                 "requested_by": requested_by})],
         ).status
     if status == "running":
-        return append_events(
+        return status, append_events(
             session, run_id, [("run.cancelling", {"requested_by": requested_by})]
         ).status
-    return status
+    return status, status
 
 
 def request_cancel(
@@ -63,11 +64,11 @@ def request_cancel(
     ).one_or_none()
     if row is None or not may_see(session, "run", run_id, visible_to):
         raise NotFound(f"run {run_id} does not exist")
-    if row.status in TERMINAL:
-        raise RunTerminal(f"run {run_id} has already ended ({row.status})")
-    status = _cancel_one(session, run_id, requested_by)
-    if status in TERMINAL and status != "cancelled":
-        raise RunTerminal(f"run {run_id} has already ended ({status})")
+    # Decided on the status read under the lock: an executor may confirm or finish the run
+    # between the read above and the lock, and then the run has ended before this request.
+    locked, status = _cancel_one(session, run_id, requested_by)
+    if locked in TERMINAL:
+        raise RunTerminal(f"run {run_id} has already ended ({locked})")
     for descendant in _subtree_top_down(session, run_id, row.root_run_id):
         _cancel_one(session, descendant, requested_by)
     return status

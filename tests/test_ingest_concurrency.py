@@ -10,7 +10,8 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select
+import pytest
+from sqlalchemy import event, func, select
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import (
     TERMINAL_EVENTS,
@@ -197,3 +198,37 @@ def test_event_stamps_follow_seq_when_an_append_waited_for_the_run_lock_on_postg
                       executor_instance_id="worker-1")
     _, _, stamps = _rows(db, run_id)
     assert stamps == sorted(stamps)
+
+
+def test_a_cancel_the_executor_confirmed_before_its_lock_is_run_terminal_on_postgres(pg_db):
+    """The cancel request reads the run unlocked, then locks it: when the executor confirms an
+    earlier cancel in between, the run has ended before this request, so it is 409, not 202."""
+    db = pg_db
+    make_agent(db, "echo")
+    run_id = post(db, make_session(db), "hi").run_id
+    claim(db, "worker-1", max_runs=1)
+    with db.write() as s:
+        assert request_cancel(s, run_id, requested_by="alice") == "cancelling"
+    confirmed = []
+
+    def confirm_after_the_unlocked_read(conn, cursor, statement, *args):
+        # The lock is read through the driver (no SQLAlchemy event): confirm right after the
+        # request's first, unlocked read of the run, which saw it ``cancelling``.
+        if statement.lstrip().startswith("SELECT agent_run.root_run_id") and not confirmed:
+            confirmed.append(True)
+            with db.write() as executor:
+                append_events(executor, run_id,
+                              [("run.cancelled", {"external_stop_confirmed": True})],
+                              executor_instance_id="worker-1")
+
+    event.listen(db.engine, "after_cursor_execute", confirm_after_the_unlocked_read)
+    try:
+        with pytest.raises(RunTerminal, match="cancelled"):
+            with db.write() as s:
+                request_cancel(s, run_id, requested_by="alice")
+    finally:
+        event.remove(db.engine, "after_cursor_execute", confirm_after_the_unlocked_read)
+    assert confirmed
+    types = event_types(db, run_id)
+    assert types[-2:] == ["run.cancelling", "run.cancelled"], types
+    assert_run_invariants(db, run_id)
