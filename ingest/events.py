@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Integer, Text, bindparam, func, insert, literal, select, update
+from sqlalchemy import Integer, Text, bindparam, exists, func, insert, literal, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import CursorResult
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
 from agentledger.core.database import execute, read_one
@@ -102,6 +102,19 @@ _ADVANCE_RUN = update(AgentRun.__table__).where(
 _ADVANCE_RUN_NOTIFYING = _ADVANCE_RUN.returning(
     func.pg_notify(literal(dialect.EVENTS_CHANNEL), AgentRun.__table__.c.id))
 
+# Whether a run that ends has a queued run behind it on its thread, which its end makes
+# claimable: then the claim loops are told (the queue's NOTIFY) instead of finding it on their
+# next turn, up to a second later. The thread's runs start in (created_at, id) order, so its
+# queued runs were all created at or after the running one: the probe of the thread's
+# (thread_id, created_at) index starts at the ending run, not at the thread's first run.
+_QUEUED_RUN = aliased(AgentRun, name="queued_run")
+_QUEUED_BEHIND = exists(
+    select(_QUEUED_RUN.id).where(_QUEUED_RUN.thread_id == AgentRun.thread_id,
+                                 _QUEUED_RUN.created_at >= AgentRun.created_at,
+                                 _QUEUED_RUN.status == "queued")
+).label("queued_behind")
+_QUEUED_BEHIND_OF_RUN = select(_QUEUED_BEHIND).where(AgentRun.id == bindparam("run_id"))
+
 # One event and the head it moves in one statement on PostgreSQL (the INSERT as a
 # data-modifying CTE of the compare-and-set): a single-event append, the commonest, costs one
 # round trip fewer. The event's parameters are the ``event_*`` names.
@@ -140,9 +153,12 @@ _EVENTS_IN_ADVANCE_MAX = 32
 
 
 @functools.cache
-def _advance_statement(events_in: str, with_message: bool):
-    """The PostgreSQL head advance with what goes in with it; built once per shape."""
+def _advance_statement(events_in: str, with_message: bool, ending: bool):
+    """The PostgreSQL head advance with what goes in with it; built once per shape. An
+    ending's also answers whether a queued run waits behind it (``_QUEUED_BEHIND``)."""
     stmt = _ADVANCE_RUN_NOTIFYING
+    if ending:
+        stmt = stmt.returning(_QUEUED_BEHIND)
     if events_in == _EVENTS_ONE:
         stmt = stmt.add_cte(_APPENDED_EVENT)
     elif events_in == _EVENTS_MANY:
@@ -340,18 +356,28 @@ def append_events(
                           strict=True))
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    advance = (_advance_statement(events_in, with_message) if postgres else _ADVANCE_RUN)
+    ending = status in TERMINAL
+    advance = (_advance_statement(events_in, with_message, ending) if postgres
+               else _ADVANCE_RUN)
     updated = execute(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
     if cast(CursorResult, updated).rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
+    queued_behind = False
     if postgres:
+        if ending:
+            queued_behind = updated.one().queued_behind
         updated.close()
         dialect.notified(session, dialect.EVENTS_CHANNEL, run_id)
     else:
         dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
+        if ending:
+            queued_behind = execute(session, _QUEUED_BEHIND_OF_RUN,
+                                    {"run_id": run_id}).scalar_one()
+    if queued_behind:
+        dialect.notify(session, dialect.QUEUE_CHANNEL, run.thread_id)
     if redactor.count:
         session.execute(update(AgentRun).where(AgentRun.id == run_id).values(
             redaction_count=AgentRun.redaction_count + redactor.count))

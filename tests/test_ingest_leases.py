@@ -9,6 +9,7 @@ import pytest
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import assert_run_invariants, events, run_row, snapshot_state
 
+from agentledger.core import dialect
 from agentledger.core.errors import LeaseLost, ValidationFailed
 from ingest.cancel import request_cancel
 from ingest.events import append_events
@@ -95,6 +96,48 @@ def test_a_queued_run_cancelled_before_start_lets_the_next_one_go(db, agent):
     with db.write() as s:
         assert request_cancel(s, first, requested_by="alice") == "cancelled"
     assert [c.run_id for c in claim(db, W)] == [second]
+
+
+def test_a_run_ending_with_a_queued_run_behind_it_tells_the_claim_loops(db, agent):
+    """The end of a thread's running run makes the next one claimable: the queue's
+    notification goes out with that commit (to this process's claim loops from the commit,
+    to other processes through NOTIFY); an end with nothing queued behind it sends none."""
+    heard: list[tuple[str, str]] = []
+    db.add_notification_listener(lambda channel, payload: heard.append((channel, payload)))
+    listener = None
+    if db.is_postgres:
+        import psycopg
+
+        listener = psycopg.connect(db.url.replace("postgresql+psycopg", "postgresql"),
+                                   autocommit=True)
+        listener.execute(f"LISTEN {dialect.QUEUE_CHANNEL}")
+    try:
+        chat = make_session(db)
+        first = post(db, chat, "first").run_id
+        second = post(db, chat, "second").run_id
+        alone = post(db, make_session(db), "alone").run_id
+        assert [c.run_id for c in claim(db, W)] == [first, alone]
+
+        def queue_notices():
+            return [payload for channel, payload in heard if channel == dialect.QUEUE_CHANNEL]
+
+        heard.clear()
+        finish(db, alone)
+        assert queue_notices() == []
+        finish(db, first)
+        thread = run_row(db, first).thread_id
+        assert queue_notices() == [thread]
+        if listener is not None:
+            received = [n.payload for n in listener.notifies(timeout=5, stop_after=4)]
+            # the three posts', then the ending's (alone's end sent none)
+            assert received == [first, second, alone, thread]
+        heard.clear()
+        assert [c.run_id for c in claim(db, W)] == [second]
+        finish(db, second)
+        assert queue_notices() == []
+    finally:
+        if listener is not None:
+            listener.close()
 
 
 def test_claim_arguments_are_checked(db, agent):
