@@ -59,16 +59,16 @@ def request_cancel(
     ``RunTerminal``. A run that ``visible_to`` may not see (another owner's, or one of a deleted
     session) is ``NotFound``, exactly as on the read side.
     """
-    row = session.execute(
-        select(AgentRun.root_run_id, AgentRun.status).where(AgentRun.id == run_id)
-    ).one_or_none()
-    if row is None or not may_see(session, "run", run_id, visible_to):
+    root_run_id = session.execute(
+        select(AgentRun.root_run_id).where(AgentRun.id == run_id)
+    ).scalar_one_or_none()
+    if root_run_id is None or not may_see(session, "run", run_id, visible_to):
         raise NotFound(f"run {run_id} does not exist")
     # Decided on the status read under the lock: an executor may confirm or finish the run
     # between the read above and the lock, and then the run has ended before this request.
     locked, status = _cancel_one(session, run_id, requested_by)
     if locked in TERMINAL:
         raise RunTerminal(f"run {run_id} has already ended ({locked})")
-    for descendant in _subtree_top_down(session, run_id, row.root_run_id):
+    for descendant in _subtree_top_down(session, run_id, root_run_id):
         _cancel_one(session, descendant, requested_by)
     return status

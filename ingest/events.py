@@ -356,8 +356,7 @@ def append_events(
                           strict=True))
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
-    ending = status in TERMINAL
-    advance = (_advance_statement(events_in, with_message, ending) if postgres
+    advance = (_advance_statement(events_in, with_message, ends_run) if postgres
                else _ADVANCE_RUN)
     updated = execute(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
@@ -367,13 +366,13 @@ def append_events(
         raise RuntimeError(f"run {run_id} changed under its lock")
     queued_behind = False
     if postgres:
-        if ending:
+        if ends_run:
             queued_behind = updated.one().queued_behind
         updated.close()
         dialect.notified(session, dialect.EVENTS_CHANNEL, run_id)
     else:
         dialect.notify(session, dialect.EVENTS_CHANNEL, run_id)
-        if ending:
+        if ends_run:
             queued_behind = execute(session, _QUEUED_BEHIND_OF_RUN,
                                     {"run_id": run_id}).scalar_one()
     if queued_behind:
