@@ -21,6 +21,7 @@ import os
 import shutil
 import types
 import uuid
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -93,6 +94,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         elif any(item.get_closest_marker(name) for name in ("process", "browser", "soak")):
             item.add_marker("slow")  # marked by hand: the same implication
+    # Modules with the most slow tests first: ``--dist loadfile`` hands modules to the workers
+    # in this order, so the long ones start at once and the short ones fill in at the end
+    # instead of one worker running the last long module while the others wait.
+    slow_per_module = Counter(item.nodeid.split("::")[0] for item in items
+                              if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_per_module[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture(scope="session")
