@@ -11,6 +11,7 @@ nothing. Terminal events also create the assistant message (``run.completed``), 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -166,6 +167,75 @@ def _advance_statement(events_in: str, with_message: bool, ending: bool):
     if with_message:
         stmt = stmt.add_cte(_APPENDED_MESSAGE)
     return stmt
+
+# The claim's ``run.started`` of several locked runs in one statement on PostgreSQL
+# (``start_locked_runs``): per run its id, the seq it holds and the new event's seq and hash, as
+# arrays the server unnests; the event data (the lease granted to every run of the claim) and
+# the columns the start sets are shared parameters.
+_STARTS = func.unnest(
+    bindparam("start_run_ids", type_=ARRAY(Text)), bindparam("start_prev_seqs", type_=ARRAY(Integer)),
+    bindparam("start_seqs", type_=ARRAY(Integer)), bindparam("start_hashes", type_=ARRAY(Text)),
+).table_valued("run_id", "prev_seq", "seq", "hash").render_derived(name="starts")
+_STARTED_EVENTS = insert(RunEvent.__table__).from_select(
+    ["run_id", "seq", "type", "data", "created_at", "hash"],
+    select(_STARTS.c.run_id, _STARTS.c.seq, literal("run.started"),
+           sql_cast(bindparam("start_data", type_=Text), JSONB),
+           bindparam("start_at", type_=RunEvent.__table__.c.created_at.type), _STARTS.c.hash),
+).cte("started_events")
+
+
+@functools.cache
+def _start_statement(changed: tuple[str, ...]):
+    """The compare-and-set of many runs' heads from ``queued``, the events inserted with it
+    (a data-modifying CTE) and each run's stream ``NOTIFY``; built once per set of changed
+    columns (``changed``: what ``row_changes`` sets for a start)."""
+    t = AgentRun.__table__
+    return (update(t)
+            .where(t.c.id == _STARTS.c.run_id, t.c.status == "queued",
+                   t.c.last_event_seq == _STARTS.c.prev_seq)
+            .values(status="running", last_event_seq=_STARTS.c.seq,
+                    last_event_hash=_STARTS.c.hash,
+                    **{c: bindparam(f"start_set_{c}", type_=t.c[c].type) for c in changed})
+            .returning(func.pg_notify(literal(dialect.EVENTS_CHANNEL), t.c.id))
+            .add_cte(_STARTED_EVENTS))
+
+
+def start_locked_runs(session: Session, rows: Sequence, lease: Lease, now: datetime) -> None:
+    """Append ``run.started`` (granting ``lease``) to each of ``rows``: queued runs the caller
+    locked in this transaction, with ``LOCKED_RUN_COLUMNS`` (the claim's). The same checks
+    and hash chain as ``append_events``, with the events and the heads of all the runs in one
+    statement on PostgreSQL: a claim of ten runs costs one round trip, not ten. Elsewhere, one
+    ``append_events`` per run."""
+    assert lease.expires_at is not None, "a claim's lease has an end"
+    data = validated_data("run.started", {
+        "executor_instance_id": lease.executor_instance_id,
+        "lease_expires_at": lease.expires_at.isoformat(),
+    })
+    if dialect.name(session) != "postgresql" or len(rows) == 1:
+        for row in rows:
+            append_events(session, row.id, [("run.started", data)], lease=lease, now=now,
+                          locked=row)
+        return
+    data_json = canonical_json(data)
+    seqs, hashes = [], []
+    for row in rows:
+        if next_status(row.status, "run.started") != "running" or row.status != "queued":
+            raise IllegalTransition(f"run {row.id} is {row.status}, not queued")  # pragma: no cover - the claim chose queued rows
+        seqs.append(row.last_event_seq + 1)
+        hashes.append(event_hash_of_json(row.last_event_hash, row.id, seqs[-1], "run.started",
+                                         data_json, now))
+    changes = row_changes("run.started", data, now, lease=lease)
+    started = execute(session, _start_statement(tuple(sorted(changes))), {
+        "start_run_ids": [row.id for row in rows],
+        "start_prev_seqs": [row.last_event_seq for row in rows],
+        "start_seqs": seqs, "start_hashes": hashes, "start_data": data_json, "start_at": now,
+        **{f"start_set_{c}": v for c, v in changes.items()},
+    })
+    if len(started.all()) != len(rows):  # pragma: no cover - the row locks make this unreachable
+        raise RuntimeError("a claimed run changed under its lock")
+    for row in rows:
+        dialect.notified(session, dialect.EVENTS_CHANNEL, row.id)
+
 
 # Events whose data the ledger itself makes of ids, times and its own words: redacting them
 # (a custom pattern that matches digits) could only break the links they record.

@@ -19,7 +19,7 @@ from agentledger.core.database import execute
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
-from ingest.events import LOCKED_RUN_COLUMNS, append_events, lease_deadline
+from ingest.events import LOCKED_RUN_COLUMNS, lease_deadline, start_locked_runs
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
 
@@ -148,8 +148,9 @@ def claim_runs(
     # After the claimable rows were chosen: a run's start is never stamped before the end of
     # the previous run of its thread, which that choice depended on.
     now = dialect.now(session, read=chosen[0].now)
-    return [_start(session, row, executor_instance_id, now, lease_seconds, with_history)
-            for row in chosen]
+    expires = lease_deadline(now, lease_seconds)
+    start_locked_runs(session, chosen, Lease(executor_instance_id, expires), now)
+    return [_claimed(session, row, expires, with_history) for row in chosen]
 
 
 def claim_run(
@@ -177,15 +178,7 @@ def _start(session: Session, row, executor_instance_id: str, now: datetime,
            lease_seconds: float, with_history: bool = True) -> ClaimedRun:
     """``row``: the run as the claim read and locked it (``_CLAIMED_COLUMNS``)."""
     expires = lease_deadline(now, lease_seconds)
-    append_events(
-        session,
-        row.id,
-        [("run.started", {"executor_instance_id": executor_instance_id,
-                          "lease_expires_at": expires.isoformat()})],
-        lease=Lease(executor_instance_id, expires),
-        now=now,
-        locked=row,
-    )
+    start_locked_runs(session, [row], Lease(executor_instance_id, expires), now)
     return _claimed(session, row, expires, with_history)
 
 

@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import event
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import assert_run_invariants, events, run_row, snapshot_state
 
@@ -15,6 +16,7 @@ from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.leases import claim_runs, heartbeat
 from ingest.runs import ContextItem
+from queries.chain_verification import verify_chains
 
 W = "worker-1"
 
@@ -64,6 +66,44 @@ def test_claim_takes_oldest_first_up_to_max_runs(db, agent):
     rest = claim(db, "worker-2", max_runs=10)
     assert [c.run_id for c in rest] == runs[2:]
     assert {run_row(db, r).executor_instance_id for r in runs[2:]} == {"worker-2"}
+
+
+def test_a_claim_of_several_runs_starts_each_and_writes_the_starts_together(db, agent):
+    """Each run of a claim gets its own ``run.started`` (next seq, chained hash, the lease) and
+    its stream's notification; on PostgreSQL the starts of the whole claim are one statement."""
+    runs = [post(db, make_session(db), f"m{i}").run_id for i in range(4)]
+    heard: list[tuple[str, str]] = []
+    db.add_notification_listener(lambda channel, payload: heard.append((channel, payload)))
+    inserts: list[str] = []
+
+    def seen(conn, cursor, statement, *rest):
+        if "INSERT INTO run_event" in statement:
+            inserts.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        claimed = claim(db, W, max_runs=10, lease_seconds=30)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+    assert [c.run_id for c in claimed] == runs
+    assert len(inserts) == (1 if db.is_postgres else len(runs))
+    assert sorted(p for c, p in heard if c == dialect.EVENTS_CHANNEL) == sorted(runs)
+    for c in claimed:
+        evs = assert_run_invariants(db, c.run_id)
+        assert [e.type for e in evs] == ["run.queued", "run.started"]
+        assert evs[1].data == {"executor_instance_id": W,
+                               "lease_expires_at": c.lease_expires_at.isoformat()}
+        run = run_row(db, c.run_id)
+        assert (run.status, run.executor_instance_id) == ("running", W)
+        assert run.lease_expires_at == c.lease_expires_at
+        assert run.started_at == run.last_heartbeat_at
+        with db.read() as s:
+            report = verify_chains(s, run_id=c.run_id)
+        assert report.ok, report.problems
+    assert len({run_row(db, r).started_at for r in runs}) == 1  # one claim, one clock reading
+    for c in claimed:  # the lease works: the runs go on and end
+        finish(db, c.run_id)
+        assert run_row(db, c.run_id).status == "succeeded"
 
 
 def test_per_thread_fifo(db, agent):
