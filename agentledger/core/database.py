@@ -171,8 +171,12 @@ def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Eng
         connect_args["application_name"] = REPLICA_APPLICATION_NAME
     engine = create_engine(
         url,
-        pool_size=10,
-        max_overflow=20,
+        # At most 30 connections per engine, as many as a process's busy moments use; 20 of them
+        # stay open between bursts. With fewer kept (10), 50 concurrent clients of a serve
+        # worker opened and closed ~10 connections a second (a PostgreSQL backend started and
+        # torn down each time) and did 61 trivial runs/s instead of 77.
+        pool_size=20,
+        max_overflow=10,
         # A replica's connections are checked at every checkout: a stopped standby must send
         # the read to the primary before it starts, not fail it half-way.
         pool_pre_ping=replica,
