@@ -147,3 +147,32 @@ def test_spread_reports_each_run_and_whether_every_run_met_the_target(tmp_path):
     assert cells[3:6] == ["7.5", "21", "9.25"]
     assert cells[6] == "7.5 – 21"
     assert cells[8] == "no (pass, miss, pass)"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_lifecycle_bench_cuts_each_run_into_phases_in_causal_order(kind, request, tmp_path):
+    """``python -m bench.lifecycle``: every run of the one-at-a-time part has every phase, the
+    ledger's stamps fall between the client's moments (post start < run.queued, the terminal
+    event < the stream's end), and the concurrent part runs without errors."""
+    from bench.lifecycle import PHASES, measure, report
+
+    url = (f"sqlite:///{tmp_path / 'unused.db'}" if kind == "sqlite"
+           else request.getfixturevalue("fresh_pg_url"))
+    found = measure(url, tmp_path, runs=6, clients=3, seconds=1.0, workers=1)
+    single = found["single"]
+    assert set(single) == set(PHASES) and all(len(v) == 6 for v in single.values())
+    for i in range(6):
+        assert single["to queued"][i] > 0 and single["delivery"][i] > 0
+        assert single["queue wait"][i] >= 0 and single["execution"][i] >= 0
+        assert single["total"][i] >= single["post"][i] + single["stream open"][i]
+        assert single["total"][i] > single["queue wait"][i] + single["execution"][i]
+    concurrent = found["concurrent"]
+    assert concurrent["errors"] == 0 and concurrent["runs_per_s"] > 0
+    assert concurrent["server_cpu_ms"] > 0 and concurrent["client_cpu_ms"] > 0
+    if kind == "postgresql":
+        assert concurrent["postgres_cpu_ms"] > 0 and concurrent["sessions_opened"] is not None
+    else:
+        assert concurrent["postgres_cpu_ms"] is None
+    text = report(found)
+    assert all(phase in text for phase in PHASES) and "3 clients at once" in text
