@@ -94,12 +94,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         elif any(item.get_closest_marker(name) for name in ("process", "browser", "soak")):
             item.add_marker("slow")  # marked by hand: the same implication
-    # Modules with the most slow tests first: ``--dist loadfile`` hands modules to the workers
-    # in this order, so the long ones start at once and the short ones fill in at the end
-    # instead of one worker running the last long module while the others wait.
-    slow_per_module = Counter(item.nodeid.split("::")[0] for item in items
-                              if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow_per_module[item.nodeid.split("::")[0]])
+    # The longest modules first: ``--dist loadfile`` hands modules to the workers in this
+    # order, so the long ones start at once and the short ones fill in at the end instead of
+    # one worker running the last long module while the others wait. A soak test (minutes:
+    # the random lifecycles took 6 of a 27-minute CI run alone, at its end) outweighs any
+    # number of other slow tests (seconds each).
+    weight = Counter()
+    for item in items:
+        if item.get_closest_marker("soak"):
+            weight[item.nodeid.split("::")[0]] += 1000
+        elif item.get_closest_marker("slow"):
+            weight[item.nodeid.split("::")[0]] += 1
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture(scope="session")
