@@ -126,12 +126,19 @@ _APPENDED_EVENT = insert(RunEvent.__table__).values(
 ).cte("appended_event")
 _APPENDED_EVENT_PARAMS = ("event_run_id", "event_seq", "event_type", "event_data",
                           "event_created_at", "event_hash")
+
+
+def _unnested(name: str, **columns: tuple[str, Any]):
+    """Rows the server makes of parallel array parameters: ``column=(parameter, element
+    type)``; a batch of rows costs one parameter per column, not one per value."""
+    return (func.unnest(*(bindparam(p, type_=ARRAY(t)) for p, t in columns.values()))
+            .table_valued(*columns).render_derived(name=name))
+
+
 # A few events as arrays (``events_*``; the data as its canonical JSON text, which the hash was
 # computed over), unnested into rows by the server.
-_NEW_EVENTS = func.unnest(
-    bindparam("events_seq", type_=ARRAY(Integer)), bindparam("events_type", type_=ARRAY(Text)),
-    bindparam("events_data", type_=ARRAY(Text)), bindparam("events_hash", type_=ARRAY(Text)),
-).table_valued("seq", "type", "data", "hash").render_derived(name="new_events")
+_NEW_EVENTS = _unnested("new_events", seq=("events_seq", Integer), type=("events_type", Text),
+                        data=("events_data", Text), hash=("events_hash", Text))
 _APPENDED_EVENTS = insert(RunEvent.__table__).from_select(
     ["run_id", "seq", "type", "data", "created_at", "hash"],
     select(bindparam("events_run_id", type_=RunEvent.__table__.c.run_id.type), _NEW_EVENTS.c.seq,
@@ -172,10 +179,9 @@ def _advance_statement(events_in: str, with_message: bool, ending: bool):
 # (``start_locked_runs``): per run its id, the seq it holds and the new event's seq and hash, as
 # arrays the server unnests; the event data (the lease granted to every run of the claim) and
 # the columns the start sets are shared parameters.
-_STARTS = func.unnest(
-    bindparam("start_run_ids", type_=ARRAY(Text)), bindparam("start_prev_seqs", type_=ARRAY(Integer)),
-    bindparam("start_seqs", type_=ARRAY(Integer)), bindparam("start_hashes", type_=ARRAY(Text)),
-).table_valued("run_id", "prev_seq", "seq", "hash").render_derived(name="starts")
+_STARTS = _unnested("starts", run_id=("start_run_ids", Text),
+                    prev_seq=("start_prev_seqs", Integer), seq=("start_seqs", Integer),
+                    hash=("start_hashes", Text))
 _STARTED_EVENTS = insert(RunEvent.__table__).from_select(
     ["run_id", "seq", "type", "data", "created_at", "hash"],
     select(_STARTS.c.run_id, _STARTS.c.seq, literal("run.started"),
