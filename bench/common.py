@@ -343,7 +343,9 @@ class Server:
 class ProcessCpu:
     """One live process's ``/proc/<pid>/stat`` figures, in seconds."""
 
+    pid: int
     name: str
+    parent: int
     group: int
     own: float       # user + system
     children: float  # user + system of its children that have exited and been waited for
@@ -363,8 +365,37 @@ def live_processes() -> Iterator[ProcessCpu]:
         # "pid (comm) state ppid pgrp … utime stime cutime cstime": after the ")", pgrp is
         # field 2 and the times are fields 11-14 (comm may itself hold spaces and parentheses)
         name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        yield ProcessCpu(name, int(fields[2]), (int(fields[11]) + int(fields[12])) / ticks,
+        yield ProcessCpu(int(entry), name, int(fields[1]), int(fields[2]),
+                         (int(fields[11]) + int(fields[12])) / ticks,
                          (int(fields[13]) + int(fields[14])) / ticks)
+
+
+def postgres_server_cpu_seconds(url: str) -> float | None:
+    """CPU seconds so far of the PostgreSQL server behind ``url``: its postmaster, its live
+    backends and background processes, and the ones that have exited (the postmaster has waited
+    for them, so they are in its children's time). None when the server is not on this machine.
+
+    Only this server's processes count: other clusters on the machine (a test's temporary
+    primary and standby, say) start and stop during a measurement, and their processes' CPU
+    would vanish from a machine-wide sum when they exit."""
+    if not is_postgres(url) or make_url(normalize_url(url)).host not in (
+            None, "", "localhost", "127.0.0.1", "::1"):
+        return None
+    import psycopg
+
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+        # Read while the backend is alive: its parent is the postmaster.
+        postmaster = next((p.parent for p in live_processes() if backend and p.pid == backend[0]), None)
+    if postmaster is None:  # the server runs in another PID namespace (a container)
+        return None
+    total = 0.0
+    for process in live_processes():
+        if process.pid == postmaster:
+            total += process.own + process.children
+        elif process.parent == postmaster:
+            total += process.own
+    return total
 
 
 def process_group_cpu_seconds(pgid: int) -> float:

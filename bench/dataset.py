@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
-from bench.common import create_pg_database, is_postgres, live_processes, log
+from bench.common import create_pg_database, is_postgres, log, postgres_server_cpu_seconds
 
 TABLES = ("agent_run", "message", "run_event", "chat_session", "conversation_thread")
 DAYS = 30
@@ -113,11 +112,11 @@ def ensure(url: str, runs: int, *, reload: bool, seed: int = 42) -> LoadResult:
 
     settings = Settings(database_url=url)
     load = demo.bulk_seed if bulk else demo.seed
-    start, importer, database = time.perf_counter(), _own_cpu(), _postgres_cpu(url)
+    start, importer, database = time.perf_counter(), _own_cpu(), postgres_server_cpu_seconds(url)
     load(settings, runs=roots, days=DAYS, seed=seed + before["agent_run"], progress=os.isatty(2))
     seconds = time.perf_counter() - start
     importer = _own_cpu() - importer
-    database_after = _postgres_cpu(url)
+    database_after = postgres_server_cpu_seconds(url)
     database = None if database is None or database_after is None else database_after - database
     db = Database(url)
     try:
@@ -140,17 +139,6 @@ def _own_cpu() -> float:
     preparing workers are joined before it returns)."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
-
-
-def _postgres_cpu(url: str) -> float | None:
-    """CPU seconds so far of every ``postgres`` process on this machine (its backends, WAL
-    writer, checkpointer, autovacuum), or None when the database is not a PostgreSQL here."""
-    if not is_postgres(url) or make_url(normalize_url(url)).host not in (
-            None, "", "localhost", "127.0.0.1", "::1"):
-        return None
-    # A backend that has exited (its connection closed) is in the postmaster's children's time.
-    found = [p.own + p.children for p in live_processes() if p.name.startswith("postgres")]
-    return sum(found) if found else None
 
 
 def analyze(url: str) -> None:

@@ -45,8 +45,8 @@ from bench.common import (
     ensure_bench_agent,
     is_postgres,
     libpq,
-    live_processes,
     log,
+    postgres_server_cpu_seconds,
     token,
 )
 from bench.http_load import run_clients
@@ -127,11 +127,6 @@ def _pg_sessions(url: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _pg_cpu() -> float:
-    """CPU seconds of the live PostgreSQL processes (backends that exited are not counted)."""
-    return sum(p.own for p in live_processes() if p.name.startswith("postgres"))
-
-
 class _QueueSampler:
     """Queued and running runs every 100 ms, on its own connection."""
 
@@ -195,15 +190,15 @@ def measure(url: str, workdir: Path, *, runs: int, clients: int, seconds: float,
                 log(f"{clients} clients for {seconds:g}s")
                 many = [LedgerClient(srv.base_url, user) for _ in range(clients)]
                 run_clients([c.run for c in many], min(3.0, seconds))  # warm-up
-                sessions, server, pg = _pg_sessions(url), srv.cpu_seconds(), _pg_cpu()
+                sessions, server, pg = _pg_sessions(url), srv.cpu_seconds(), postgres_server_cpu_seconds(url)
                 mine = time.process_time()
                 with _QueueSampler(db) as sampler:
                     phase = run_clients([c.run for c in many], seconds)
-                done = max(phase.ops, 1)
+                done, pg_after = max(phase.ops, 1), postgres_server_cpu_seconds(url)
                 found["concurrent"] = {
                     "clients": clients, "runs_per_s": phase.rate, "errors": phase.errors,
                     "server_cpu_ms": (srv.cpu_seconds() - server) / done * 1000,
-                    "postgres_cpu_ms": (_pg_cpu() - pg) / done * 1000 if is_postgres(url) else None,
+                    "postgres_cpu_ms": None if pg is None or pg_after is None else (pg_after - pg) / done * 1000,
                     "client_cpu_ms": (time.process_time() - mine) / done * 1000,
                     "queued_mean": statistics.mean(q for q, _ in sampler.samples or [(0, 0)]),
                     "running_mean": statistics.mean(r for _, r in sampler.samples or [(0, 0)]),
