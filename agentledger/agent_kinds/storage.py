@@ -19,7 +19,9 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from agentledger.core.config import sqlite_path
 from agentledger.core.database import normalize_url
@@ -41,7 +43,18 @@ def langgraph_installed() -> bool:
 
 
 def openai_agents_installed() -> bool:
+    # Finding the submodule imports the SDK itself (seconds of CPU): only where it will be used.
     return _installed("agents") and _installed("agents.extensions.memory")
+
+
+def _has_tables(url: str, *names: str) -> bool:
+    """Whether the ledger database already holds every one of ``names`` (an inspection only)."""
+    engine = create_engine(normalize_url(url), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return set(names) <= set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
 
 
 def _is_sqlite(url: str) -> bool:
@@ -110,7 +123,12 @@ def setup_framework_storage(url: str) -> list[str]:
         with langgraph_checkpointer(url) as saver:
             saver.setup()
         done.append("langgraph")
-    if openai_agents_installed():
+    # The SDK's setup is its ``create_all``, which leaves existing tables as they are, so once
+    # both exist there is nothing for it to do, and every later start (serve, each worker
+    # process, db upgrade) skips importing the SDK only to find that out.
+    if _has_tables(url, SDK_SESSIONS_TABLE, SDK_MESSAGES_TABLE):
+        done.append("openai-agents")
+    elif openai_agents_installed():
         asyncio.run(_setup_sdk_tables(url))
         done.append("openai-agents")
     return done
