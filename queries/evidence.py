@@ -106,7 +106,7 @@ def evidence_bundle(
     # ``agentledger verify --run``); the bundle's own verification does not rely on it.
     ledger_problems = [
         {"run_id": p.run_id, "seq": p.seq, "problem": p.problem}
-        for rid in run_ids for p in verify_chains(session, run_id=rid).problems
+        for p in verify_chains(session, run_ids=run_ids).problems
     ]
     return {
         "format": FORMAT,

@@ -165,10 +165,9 @@ class Lifecycle(RuleBasedStateMachine):
     def fingerprint(self):
         """Row counts plus every modelled run's row: unchanged means nothing was written."""
         with self.db.read() as s:
-            totals = tuple(
-                s.execute(select(func.count()).select_from(m)).scalar_one()
-                for m in (AgentRun, Message, RunEvent)
-            )
+            totals = tuple(s.execute(select(*(
+                select(func.count()).select_from(m).scalar_subquery()
+                for m in (AgentRun, Message, RunEvent)))).one())
             rows = s.execute(
                 select(AgentRun.id, AgentRun.status, AgentRun.last_event_seq,
                        AgentRun.lease_expires_at, AgentRun.executor_instance_id)
@@ -474,9 +473,8 @@ class Lifecycle(RuleBasedStateMachine):
                                .where(RunEvent.run_id.in_(self.order))
                                .order_by(RunEvent.run_id, RunEvent.seq)):
                 stored[e.run_id].append(e)
-            for rid in self.order:
-                report = verify_chains(s, run_id=rid)
-                assert report.ok, report.problems
+            report = verify_chains(s, run_ids=self.order)
+            assert report.ok and report.runs_checked == len(self.order), report
         for rid in self.order:
             run, evs = rows[rid], stored[rid]
             types = [e.type for e in evs]

@@ -19,6 +19,7 @@ from agentledger.core.database import Database
 from agentledger.core.hashing import token_hash
 from agentledger.core.schema import ApiToken
 from ingest.events import append_events
+from queries import chain_verification
 from queries.chain_verification import ChainProblem, verify_chains
 
 AGENTLEDGER = shutil.which("agentledger")
@@ -68,9 +69,9 @@ def tamper(db, sql: str, **params) -> None:
         assert conn.execute(text(sql), params).rowcount >= 1
 
 
-def problems(db, run_id=None) -> list[tuple[str, int]]:
-    with db.read(transaction=run_id is None) as s:
-        report = verify_chains(s, run_id=run_id)
+def problems(db, run_id=None, run_ids=None) -> list[tuple[str, int]]:
+    with db.read(transaction=run_id is None and run_ids is None) as s:
+        report = verify_chains(s, run_id=run_id, run_ids=run_ids)
     return [(p.run_id, p.seq) for p in report.problems]
 
 
@@ -134,6 +135,23 @@ def test_several_damaged_runs_are_each_named_once(unguarded, ledger):
     tamper(unguarded, "UPDATE run_event SET data = '{}' WHERE run_id = :r AND seq >= 3",
            r=ledger[2])
     assert problems(unguarded) == sorted([(ledger[0], 2), (ledger[2], 3)])
+
+
+@pytest.mark.parametrize("per_statement", [500, 1])
+def test_a_chosen_set_of_runs_is_checked_together(unguarded, ledger, monkeypatch, per_statement):
+    monkeypatch.setattr(chain_verification, "CHOSEN_PER_STATEMENT", per_statement)
+    tamper(unguarded, "DELETE FROM run_event WHERE run_id = :r AND seq = 2", r=ledger[0])
+    tamper(unguarded, "UPDATE run_event SET data = '{}' WHERE run_id = :r AND seq >= 3",
+           r=ledger[2])
+    assert problems(unguarded, run_ids=reversed(ledger)) == sorted([(ledger[0], 2), (ledger[2], 3)])
+    assert problems(unguarded, run_ids=[ledger[2], ledger[1]]) == [(ledger[2], 3)]
+    assert problems(unguarded, run_ids=[ledger[1]]) == []
+    with unguarded.read() as s:
+        report = verify_chains(s, run_ids=[ledger[1], ledger[0], "run_missing"])
+        assert (report.runs_checked, report.events_checked) == (2, 9)
+        assert verify_chains(s, run_ids=[]).runs_checked == 0
+        with pytest.raises(ValueError):
+            verify_chains(s, run_id=ledger[0], run_ids=[ledger[1]])
 
 
 def test_cli_verify_exit_codes(unguarded, ledger, db_url):
