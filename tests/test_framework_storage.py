@@ -76,3 +76,19 @@ def test_the_base_package_does_not_import_the_frameworks():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_start_on_a_set_up_database_does_not_import_the_agents_sdk(fresh_url):
+    """Once its tables exist the SDK's setup has nothing to do; every ``serve``, worker and
+    ``db upgrade`` start would otherwise import it (seconds of CPU) only to learn that."""
+    _, url = fresh_url
+    code = ("import sys; from agentledger.agent_kinds.storage import setup_framework_storage;"
+            f"print(setup_framework_storage({url!r}));"
+            "print('agents' in sys.modules)")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            for _ in range(2)]
+    assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
+    first, again = (done.stdout.split("\n")[:2] for done in runs)
+    assert first == ["['langgraph', 'openai-agents']", "True"]  # created with the SDK's setup
+    assert again == ["['langgraph', 'openai-agents']", "False"]
+    assert {"agent_sessions", "agent_messages"} <= tables(url)
