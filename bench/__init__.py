@@ -1,4 +1,4 @@
-"""The benchmark suite: ``python -m bench --db URL --runs N [--quick] [--skip-peer]``.
+"""The benchmark suite: ``python -m bench --db URL --runs N [--quick | --smoke] [--skip-peer]``.
 
 What it does, in order, in one process:
 
@@ -31,6 +31,10 @@ start are scanned run by run (the rest comes from the rollups), so each outcome 
 how long that edge was and how many runs it held: it depends on the minute the bench reached
 the reads, and rows of two runs compare only with it in view.
 
-Speed is measured, never asserted: ``tests/test_bench_smoke.py`` only checks that a quick run
+``--smoke`` shrinks everything further (500 runs, 0.5 s write phases, 5 samples per point read,
+1 s per peer phase): every part runs and fills its row, in about half a quick run's time; its
+figures say nothing about speed.
+
+Speed is measured, never asserted: ``tests/test_bench_smoke.py`` only checks that a smoke run
 completes and writes every expected row.
 """

@@ -37,7 +37,8 @@ BENCH_EXECUTOR = "bench-executor"
 
 @dataclass(frozen=True)
 class Sizes:
-    """How long / how many: the full run and ``--quick`` (the whole suite in < 3 minutes)."""
+    """How long / how many: the full run, ``--quick`` (the whole suite in < 3 minutes) and
+    ``--smoke`` (does every part run?)."""
 
     write_seconds: float = 10.0      # each write throughput phase (per path)
     point_reads: int = 300           # samples per point read (provenance, run, events, tree)
@@ -54,6 +55,14 @@ class Sizes:
         return cls(write_seconds=2.0, point_reads=30, list_reads=10, outcome_reads=5,
                    sse_streams=100, sse_appends=40, dashboard_loads=1, peer_single=10,
                    peer_seconds=3.0)
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        """Every part once, at the smallest sizes that still fill each row: a check that the
+        bench runs (the test suite's), its figures not comparable with any other run's."""
+        return cls(write_seconds=0.5, point_reads=5, list_reads=3, outcome_reads=3,
+                   sse_streams=100, sse_appends=10, dashboard_loads=1, peer_single=3,
+                   peer_seconds=1.0)
 
 
 # ---- the machine's own speed -----------------------------------------------------------------

@@ -29,6 +29,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 from support import seeds
+from support.tiers import COLLECTED, Collected
 
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
@@ -94,6 +95,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         elif any(item.get_closest_marker(name) for name in ("process", "browser", "soak")):
             item.add_marker("slow")  # marked by hand: the same implication
+    config.stash[COLLECTED] = Collected(
+        modules=frozenset(item.nodeid.split("::")[0] for item in items), total=len(items),
+        fast=sum(1 for item in items if not item.get_closest_marker("slow")))
     # The longest modules first: ``--dist loadfile`` hands modules to the workers in this
     # order, so the long ones start at once and the short ones fill in at the end instead of
     # one worker running the last long module while the others wait. A soak test (minutes:

@@ -1,4 +1,4 @@
-"""The benchmark suite runs end to end (``python -m bench --quick --skip-peer``) on a fresh
+"""The benchmark suite runs end to end (``python -m bench --smoke --skip-peer``) on a fresh
 PostgreSQL database and on a SQLite file, and writes every expected row. Speed is measured by
 the bench, never asserted here."""
 
@@ -68,7 +68,7 @@ def _run_bench(url: str, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
     env["PYTHONWARNINGS"] = "ignore"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--db", url, "--quick", "--skip-peer", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--db", url, "--smoke", "--skip-peer", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert (out / "latest.md").is_file() and (out / "latest.json").is_file()
@@ -81,6 +81,7 @@ def _run_bench(url: str, out: Path) -> dict:
             assert (section, name) in found, f"missing row {section} / {name}"
     assert not [r for r in result["rows"] if r["status"] == "error"]
     markdown = (out / "latest.md").read_text()
+    assert result["config"]["smoke"] and "mode: smoke;" in markdown
     for names in EXPECTED.values():
         for name in names:
             assert name in markdown
@@ -91,7 +92,7 @@ def _run_bench(url: str, out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_quick_bench_on_postgresql(fresh_pg_url, tmp_path):
+def test_smoke_bench_on_postgresql(fresh_pg_url, tmp_path):
     result = _run_bench(fresh_pg_url, tmp_path / "results")
     assert result["machine"]["postgresql"]
     rows = {(r["section"], r["name"]): r for r in result["rows"]}
@@ -105,7 +106,7 @@ def test_quick_bench_on_postgresql(fresh_pg_url, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_quick_bench_on_sqlite(tmp_path):
+def test_smoke_bench_on_sqlite(tmp_path):
     result = _run_bench(f"sqlite:///{tmp_path / 'bench.db'}", tmp_path / "results")
     assert result["machine"]["database"] == "sqlite"
 
