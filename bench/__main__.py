@@ -28,14 +28,13 @@ from bench.common import (
 
 DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/agentledger_bench"
 SERVER_THREADS = 160  # 100 SSE streams hold one thread each
-OTLP_BATCHES, OTLP_BATCHES_QUICK, OTLP_BATCHES_SMOKE = 32, 4, 2  # of 512 spans
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--db", default=DEFAULT_DB, help=f"database URL (default {DEFAULT_DB})")
     p.add_argument("--runs", type=int, default=None,
-                   help="runs in the data set (default 1,000,000; 2,000 with --quick)")
+                   help="runs in the data set (default 1,000,000; 2,000 with --quick, 500 with --smoke)")
     p.add_argument("--quick", action="store_true", help="small sizes: the whole suite in < 3 min")
     p.add_argument("--smoke", action="store_true",
                    help="the smallest sizes (500 runs, sub-second phases): checks that every part "
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--quick and --smoke are two sizes: choose one")
     url = normalize_url(args.db)
     sizes = Sizes.smoke() if args.smoke else Sizes.quick() if args.quick else Sizes()
-    runs = args.runs or (500 if args.smoke else 2000 if args.quick else 1_000_000)
-    otlp_batches = OTLP_BATCHES_SMOKE if args.smoke else OTLP_BATCHES_QUICK if args.quick else OTLP_BATCHES
+    runs = args.runs or sizes.runs
     pg = is_postgres(url)
     started = time.perf_counter()
     started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -131,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                      lambda: http_load.appends(db, srv.base_url, pg, sizes))
             executor = token(db, "bench-otlp", "executor")
             _guarded(rows, "otlp", "OTLP over HTTP", lambda: [otlp.http_row(
-                srv.base_url, executor, otlp_batches, args.server_workers)])
+                srv.base_url, executor, sizes.otlp_batches, args.server_workers)])
             if pg:
                 _guarded(rows, "sse", "SSE PostgreSQL", lambda: [sse.measure(
                     db, srv.port, viewer, "PostgreSQL", sizes, "p50 ≤ 50 ms, p99 ≤ 250 ms",
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     _guarded(rows, "sse", "SSE SQLite", lambda: _sse_sqlite(workdir, sizes))
     # In-process, on the bench database: a few seconds, so --quick keeps it (with fewer batches).
     _guarded(rows, "otlp", "OTLP receiver",
-             lambda: otlp.rows(url, otlp_batches))
+             lambda: otlp.rows(url, sizes.otlp_batches))
     _guarded(rows, "peer", "peer comparison",
              lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer,
                                         workers=args.server_workers))
@@ -156,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "machine": {**report.machine_info(url),
                     "calibration_ms": [calibration_at_start, calibration_ms()]},
-        "config": {"quick": args.quick, "smoke": args.smoke, "runs_requested": runs, "skip_peer": args.skip_peer,
+        "config": {"quick": args.quick, "smoke": args.smoke, "runs_requested": runs,
+                   "skip_peer": args.skip_peer,
                    "server_workers": args.server_workers,
                    "sizes": sizes.__dict__},
         "load": {"reused": load.reused, "path": load.path, "seconds": load.seconds,

@@ -49,12 +49,14 @@ class Sizes:
     dashboard_loads: int = 5         # first loads per page (the median load is reported)
     peer_single: int = 50            # sequential runs at concurrency 1
     peer_seconds: float = 10.0       # each runs/s phase
+    otlp_batches: int = 32           # of 512 spans, receiver in-process and over HTTP
+    runs: int = 1_000_000            # the data set, unless --runs says otherwise
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(write_seconds=2.0, point_reads=30, list_reads=10, outcome_reads=5,
                    sse_streams=100, sse_appends=40, dashboard_loads=1, peer_single=10,
-                   peer_seconds=3.0)
+                   peer_seconds=3.0, otlp_batches=4, runs=2000)
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -62,7 +64,7 @@ class Sizes:
         bench runs (the test suite's), its figures not comparable with any other run's."""
         return cls(write_seconds=0.5, point_reads=5, list_reads=3, outcome_reads=3,
                    sse_streams=100, sse_appends=10, dashboard_loads=1, peer_single=3,
-                   peer_seconds=1.0)
+                   peer_seconds=1.0, otlp_batches=2, runs=500)
 
 
 # ---- the machine's own speed -----------------------------------------------------------------
@@ -393,18 +395,14 @@ def postgres_server_cpu_seconds(url: str) -> float | None:
     import psycopg
 
     with psycopg.connect(libpq(url), autocommit=True) as conn:
-        backend = conn.execute("SELECT pg_backend_pid()").fetchone()
+        (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (None,)
         # Read while the backend is alive: its parent is the postmaster.
-        postmaster = next((p.parent for p in live_processes() if backend and p.pid == backend[0]), None)
+        processes = list(live_processes())
+    postmaster = next((p.parent for p in processes if p.pid == backend), None)
     if postmaster is None:  # the server runs in another PID namespace (a container)
         return None
-    total = 0.0
-    for process in live_processes():
-        if process.pid == postmaster:
-            total += process.own + process.children
-        elif process.parent == postmaster:
-            total += process.own
-    return total
+    return sum(p.own + p.children if p.pid == postmaster else p.own
+               for p in processes if postmaster in (p.pid, p.parent))
 
 
 def process_group_cpu_seconds(pgid: int) -> float:

@@ -87,7 +87,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Data set: {load['runs']:,} runs, {load['events']:,} events"
         + (" (reused)" if load["reused"] else
            f"; loaded through {load['path']} in {load['seconds']:.1f} s"),
-        f"mode: {'smoke' if cfg.get('smoke') else 'quick' if cfg['quick'] else 'full'}; duration {result['seconds']:.0f} s; "
+        f"mode: {'smoke' if cfg.get('smoke') else 'quick' if cfg['quick'] else 'full'}; "
+        f"duration {result['seconds']:.0f} s; "
         f"`agentledger serve` with {cfg.get('server_workers', 1)} gunicorn worker process(es).",
         "",
         "Ratios: throughput = project / raw psycopg; latency = raw p95 / project p95 (1.0 = as fast "

@@ -225,10 +225,7 @@ def start_locked_runs(session: Session, rows: Sequence, lease: Lease, now: datet
     data_json = canonical_json(data)
     seqs, hashes = [], []
     for row in rows:
-        # The claim chose queued rows; the state machine's check stays the one that decides.
-        if next_status(row.status, "run.started") != "running" or row.status != "queued":
-            raise IllegalTransition(  # pragma: no cover - unreachable after the claim's choice
-                f"run {row.id} is {row.status}, not queued")
+        next_status(row.status, "run.started")  # raises unless queued, as in append_events
         seqs.append(row.last_event_seq + 1)
         hashes.append(event_hash_of_json(row.last_event_hash, row.id, seqs[-1], "run.started",
                                          data_json, now))

@@ -112,12 +112,11 @@ def pytest_collection_modifyitems(config, items):
     config.stash[COLLECTED] = Collected(
         modules=frozenset(item.nodeid.split("::")[0] for item in items), total=len(items),
         fast=sum(1 for item in items if not item.get_closest_marker("slow")))
-    # The longest modules first: ``--dist loadfile`` hands modules to the workers in this
-    # order (``--no-loadscope-reorder``: pytest-xdist would otherwise order them by test count,
-    # which put the two-test soak module last), so the long ones start at once and the short ones fill in at the end instead of
-    # one worker running the last long module while the others wait. A soak test (minutes:
-    # the random lifecycles took 6 of a 27-minute CI run alone, at its end) outweighs any
-    # number of other slow tests (seconds each).
+    # The longest modules first: ``--dist loadfile`` hands modules to the workers in this order
+    # (``--no-loadscope-reorder``: pytest-xdist would otherwise order them by test count, which
+    # put the two-test soak module last), so the long ones start at once and the short ones fill
+    # in at the end instead of one worker running the last long module while the others wait.
+    # A soak test (minutes: the random lifecycles) outweighs any number of other slow tests.
     weight = Counter()
     for item in items:
         if item.get_closest_marker("soak"):
