@@ -198,21 +198,37 @@ class _Builder:
                            input=topic, created_at=self.at, events=[])
 
 
-def synthetic_history(
-    *, runs: int, start: datetime, days: int, versions: VersionTimeline,
-    seed: int | None = None,
-) -> Iterator[ImportedRun]:
-    """``runs`` root runs (plus their children) created over ``days`` days from ``start``,
-    oldest first, as ``ImportedRun`` trees. The agents of ``AGENTS`` must be registered."""
-    rng = random.Random(seed)
-    span = days * 86400 - 600
-    forced = showcase_plan(rng, runs)
-    builder = _Builder(rng, versions)
-    sessions: list[ImportedSession] = []
-    step = (span - 60) / max(runs, 1)
-    for index in range(runs):
+ROOTS_PER_SHARE = 1400  # about 2,000 runs with their children: the bulk import's batch
+
+
+@dataclass(frozen=True)
+class SyntheticShare:
+    """Root runs ``first`` to ``last - 1`` of a synthetic history, built on call (in the
+    process that prepares their batch: see ``ingest.bulk_import.BulkImporter.run_shares``).
+    Its sessions are its own; its random stream is seeded from the history's seed and
+    ``first``, so the same seed gives the same history."""
+
+    first: int
+    last: int
+    start: datetime
+    step: float
+    versions: VersionTimeline
+    forced: dict[int, str]  # run index -> showcase case, for this share's indexes
+    seed: int | None
+
+    def __call__(self) -> list[ImportedRun]:
+        rng = random.Random(None if self.seed is None else f"{self.seed}:{self.first}")
+        builder = _Builder(rng, self.versions)
+        sessions: list[ImportedSession] = []
+        trees = []
+        for index in range(self.first, self.last):
+            trees.append(self._root(rng, builder, sessions, index))
+        return trees
+
+    def _root(self, rng: random.Random, builder: _Builder, sessions: list[ImportedSession],
+              index: int) -> ImportedRun:
         # evenly spread with jitter, in order: a stream, not a list sorted in memory
-        at = start + timedelta(seconds=60 + step * index + rng.uniform(0, step))
+        at = self.start + timedelta(seconds=60 + self.step * index + rng.uniform(0, self.step))
         if not sessions or rng.random() < 0.3:
             sessions.append(ImportedSession(owner_id=rng.choice(OWNERS),
                                             agent_id=rng.choice(SESSION_AGENTS),
@@ -229,7 +245,7 @@ def synthetic_history(
             agent_id = "researcher"
         elif rng.random() < 0.1:
             agent_id = rng.choice(["summarizer", "echo"])
-        showcase = forced.get(index)
+        showcase = self.forced.get(index)
         if showcase in ("deep_tree", "parent_terminal"):
             agent_id = "researcher"
         result = outcome(rng)
@@ -243,5 +259,32 @@ def synthetic_history(
         docs = rng.sample(CONTEXT_DOCS, rng.randint(0, 2))
         context = [ContextItem(d, t, f"{t}: text of {d} as of {at:%Y-%m-%d}", 1 + index % 3)
                    for d, t in docs]
-        yield builder.run(agent_id, f"Can you help with {topic}?", result, depth, topic,
-                          created=at, session=chat, context=context, orphan=orphan)
+        return builder.run(agent_id, f"Can you help with {topic}?", result, depth, topic,
+                           created=at, session=chat, context=context, orphan=orphan)
+
+
+def synthetic_shares(
+    *, runs: int, start: datetime, days: int, versions: VersionTimeline,
+    seed: int | None = None, roots_per_share: int = ROOTS_PER_SHARE,
+) -> Iterator[SyntheticShare]:
+    """``runs`` root runs (plus their children) created over ``days`` days from ``start``,
+    oldest first, as shares of ``roots_per_share`` root runs for
+    ``ingest.bulk_import.bulk_import_shares``. The agents of ``AGENTS`` must be registered."""
+    if roots_per_share < 1:
+        raise ValueError("roots_per_share must be at least 1")
+    forced = showcase_plan(random.Random(seed), runs)
+    step = (days * 86400 - 600 - 60) / max(runs, 1)
+    for first in range(0, runs, roots_per_share):
+        last = min(runs, first + roots_per_share)
+        yield SyntheticShare(first, last, start, step, versions,
+                             {i: case for i, case in forced.items() if first <= i < last}, seed)
+
+
+def synthetic_history(
+    *, runs: int, start: datetime, days: int, versions: VersionTimeline,
+    seed: int | None = None,
+) -> Iterator[ImportedRun]:
+    """The trees of ``synthetic_shares``, one after another (for ``bulk_import``)."""
+    for share in synthetic_shares(runs=runs, start=start, days=days, versions=versions,
+                                  seed=seed):
+        yield from share()

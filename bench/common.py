@@ -360,6 +360,7 @@ class ProcessCpu:
     group: int
     own: float       # user + system
     children: float  # user + system of its children that have exited and been waited for
+    zombie: bool = False  # exited, not yet waited for: its time is in neither figure
 
 
 def live_processes() -> Iterator[ProcessCpu]:
@@ -378,7 +379,7 @@ def live_processes() -> Iterator[ProcessCpu]:
         name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
         yield ProcessCpu(int(entry), name, int(fields[1]), int(fields[2]),
                          (int(fields[11]) + int(fields[12])) / ticks,
-                         (int(fields[13]) + int(fields[14])) / ticks)
+                         (int(fields[13]) + int(fields[14])) / ticks, fields[0] == "Z")
 
 
 def postgres_server_cpu_seconds(url: str) -> float | None:
@@ -398,11 +399,29 @@ def postgres_server_cpu_seconds(url: str) -> float | None:
         (backend,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (None,)
         # Read while the backend is alive: its parent is the postmaster.
         processes = list(live_processes())
-    postmaster = next((p.parent for p in processes if p.pid == backend), None)
-    if postmaster is None:  # the server runs in another PID namespace (a container)
-        return None
+        postmaster = next((p.parent for p in processes if p.pid == backend), None)
+        if postmaster is None:  # the server runs in another PID namespace (a container)
+            return None
+        # A backend that has just exited (the load's own, closed a moment ago) shows its CPU
+        # nowhere while it is a zombie, nor when the postmaster (read first) waits for it
+        # before its own entry is read: take two readings in a row that agree on the
+        # postmaster's children and their time, with no zombie among them.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            again = list(live_processes())
+            if _server_view(again, postmaster) == _server_view(processes, postmaster) and not any(
+                    p.zombie and p.parent == postmaster for p in again):
+                break
+            processes = again
+            time.sleep(0.01)
     return sum(p.own + p.children if p.pid == postmaster else p.own
                for p in processes if postmaster in (p.pid, p.parent))
+
+
+def _server_view(processes: list[ProcessCpu], postmaster: int) -> tuple:
+    """The postmaster's live children and the time of those it has waited for."""
+    return (frozenset(p.pid for p in processes if p.parent == postmaster),
+            next((p.children for p in processes if p.pid == postmaster), None))
 
 
 def process_group_cpu_seconds(pgid: int) -> float:

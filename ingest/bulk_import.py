@@ -21,8 +21,11 @@ Imported runs are always terminal, so a live worker never sees (or claims) one.
 Checking and building a batch is Python work (validation, canonical JSON, the hash chain), and
 writing it is mostly the database's. ``workers=N`` prepares batches in N other processes while
 this one writes them, in order, each in its own transaction: the rows are exactly those the
-in-process path builds. Without workers a helper thread prepares the next batch (the GIL lets
-that overlap only with the database's share of the work).
+in-process path builds; on PostgreSQL they hand back each table as ready COPY text. Without
+workers a helper thread prepares the next batch (the GIL lets that overlap only with the
+database's share of the work). A history that can build its own parts is better given as
+shares (``bulk_import_shares``): each is called in the process that prepares its batch, so its
+trees are never pickled between processes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import threading
 import time
@@ -38,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
@@ -118,6 +122,14 @@ class ImportedRun:
     last_heartbeat_at: datetime | None = None  # default: when it started
 
 
+class HistoryShare(Protocol):
+    """A part of a history that builds its own root runs where its batch is prepared (see
+    ``BulkImporter.run_shares``): picklable, and the new sessions (``ImportedSession``) of
+    its runs are used by no other share."""
+
+    def __call__(self) -> list[ImportedRun]: ...
+
+
 @dataclass
 class ImportReport:
     runs: int = 0
@@ -144,6 +156,7 @@ _RUN_COLUMNS = (
     "final_message_id", "error", "created_at", "started_at", "finished_at", "end_reason",
     "redaction_count", "usage_input_tokens", "usage_output_tokens", "usage_cost_usd",
 )
+_RUN_ROW = operator.itemgetter(*_RUN_COLUMNS)  # a run's dict as a COPY row
 _JSON_RUN_COLUMNS = ("agent_execution_snapshot", "context_pack_snapshot", "error")
 _MESSAGE_COLUMNS = ("id", "session_id", "thread_id", "owner_id", "role", "content", "run_id",
                     "created_at")
@@ -171,6 +184,34 @@ class _Batch:
         self.blobs: dict[str, str] = {}
         self.rollup = RollupBatch()
         self.root_runs = 0
+        # PostgreSQL: (table, columns, COPY text) per table, once ``format_for_copy`` ran; the
+        # rows above are dropped then, and the counts kept here
+        self.copy_text: list[tuple[str, tuple[str, ...], bytes]] | None = None
+        self.counts = (0, 0, 0, 0)
+
+    def tally(self) -> tuple[int, int, int, int]:
+        """(runs, events, messages, sessions) of the batch."""
+        if self.copy_text is not None:
+            return self.counts
+        return len(self.runs), len(self.events), len(self.messages), len(self.sessions)
+
+    def format_for_copy(self, session: Session) -> None:
+        """Turn the rows into COPY text with the session's psycopg connection (nothing is
+        sent): done where the batch is prepared, so that another process hands back a few
+        bytes objects instead of every row."""
+        if self.copy_text is not None:
+            return
+        self.counts = self.tally()
+        tables = [
+            ("conversation_thread", _THREAD_COLUMNS, self.threads),
+            ("chat_session", _SESSION_COLUMNS, self.sessions),
+            ("agent_run", _RUN_COLUMNS, [_RUN_ROW(run) for run in self.runs]),
+            ("message", _MESSAGE_COLUMNS, self.messages),
+            ("run_event", _EVENT_COLUMNS, [row[:6] for row in self.events]),
+        ]
+        self.copy_text = [(table, columns, dialect.copy_text(session, rows))
+                          for table, columns, rows in tables if rows]
+        self.threads, self.sessions, self.runs, self.messages, self.events = [], [], [], [], []
 
 
 class BulkImporter:
@@ -389,17 +430,10 @@ class BulkImporter:
 
     @staticmethod
     def _copy(session: Session, batch: _Batch) -> None:
-        for table, columns, rows in (
-            ("conversation_thread", _THREAD_COLUMNS, batch.threads),
-            ("chat_session", _SESSION_COLUMNS, batch.sessions),
-        ):
-            if rows:
-                dialect.copy_rows(session, table, columns, rows)
-        dialect.copy_rows(session, "agent_run", _RUN_COLUMNS,
-                          (tuple(run[c] for c in _RUN_COLUMNS) for run in batch.runs))
-        if batch.messages:
-            dialect.copy_rows(session, "message", _MESSAGE_COLUMNS, batch.messages)
-        dialect.copy_rows(session, "run_event", _EVENT_COLUMNS, (row[:6] for row in batch.events))
+        batch.format_for_copy(session)
+        assert batch.copy_text is not None
+        for table, columns, data in batch.copy_text:  # parents before the rows naming them
+            dialect.copy_data(session, table, columns, data)
 
     @staticmethod
     def _executemany(session: Session, batch: _Batch) -> None:
@@ -426,7 +460,7 @@ class BulkImporter:
         ])
 
     def _prepare(self, trees: list[ImportedRun]) -> _Batch:
-        """Check and build a batch's rows. Its few look-ups (agent versions, existing sessions)
+        """Check and build a batch's rows (as COPY text on PostgreSQL). Its few look-ups (agent versions, existing sessions)
         read the primary on PostgreSQL (a read replica may lag behind agents registered just
         before the import) in a transaction that is rolled back; SQLite reads in a read-only
         transaction so that it does not take the write lock the batch being written holds."""
@@ -436,6 +470,7 @@ class BulkImporter:
                 try:
                     for tree in trees:
                         self._add_tree(session, batch, tree)
+                    batch.format_for_copy(session)
                 finally:
                     session.rollback()
         else:
@@ -461,16 +496,12 @@ class BulkImporter:
     def write_prepared(self, session: Session, batch: _Batch) -> None:
         """Write a prepared batch in the caller's transaction (which commits or rolls back)."""
         self._write(session, batch)
-        self.report.runs += len(batch.runs)
-        self.report.events += len(batch.events)
+        self._count(batch)
 
     def _commit(self, batch: _Batch) -> None:
         with self.db.write() as session:
             self._write(session, batch)
-        self.report.runs += len(batch.runs)
-        self.report.events += len(batch.events)
-        self.report.messages += len(batch.messages)
-        self.report.sessions += len(batch.sessions)
+        self._count(batch)
         self.report.batches += 1
         if self.progress is not None:
             self.progress(batch.root_runs)
@@ -487,24 +518,38 @@ class BulkImporter:
         if pending:
             yield pending
 
-    def _batches(self, trees: Iterable[ImportedRun]) -> Iterator[_Batch]:
-        for group in self._groups(trees):
-            yield self._prepare(group)
+    def _count(self, batch: _Batch) -> None:
+        runs, events, messages, sessions = batch.tally()
+        self.report.runs += runs
+        self.report.events += events
+        self.report.messages += messages
+        self.report.sessions += sessions
 
     def run(self, trees: Iterable[ImportedRun]) -> ImportReport:
         """Write the trees' batches in order; a refused history stops the import before its
         batch is written (batches before it are committed)."""
+        return self._run(self._groups(trees), self._prepare,
+                         lambda group: (_prepare_in_worker, group, self._sessions_before(group)))
+
+    def run_shares(self, shares: Iterable[HistoryShare]) -> ImportReport:
+        """Write one batch per share, in order, each share built where its batch is prepared
+        (in a worker process when there are workers): its trees never travel between
+        processes. A refused share stops the import as a refused history does."""
+        return self._run(iter(shares), lambda share: self._prepare(share()),
+                         lambda share: (_prepare_share_in_worker, share))
+
+    def _run(self, items: Iterator, prepare: Callable[[Any], _Batch],
+             remote: Callable[[Any], tuple]) -> ImportReport:
         started = time.perf_counter()
         if self.workers:
-            self._run_with_processes(trees)
+            self._run_with_processes(items, remote)
         else:
-            self._run_with_thread(trees)
+            self._run_with_thread(prepare(item) for item in items)
         self.report.seconds = time.perf_counter() - started
         return self.report
 
-    def _run_with_thread(self, trees: Iterable[ImportedRun]) -> None:
+    def _run_with_thread(self, batches: Iterator[_Batch]) -> None:
         """Prepare batch n+1 in a helper thread while batch n is written."""
-        batches = self._batches(trees)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulk-import") as pool:
             upcoming = pool.submit(next, batches, None)
             while True:
@@ -519,25 +564,23 @@ class BulkImporter:
                     _drain(upcoming)
                     raise
 
-    def _run_with_processes(self, trees: Iterable[ImportedRun]) -> None:
-        """Up to ``workers + 1`` batches are being prepared while one is written. A session
-        (``ImportedSession``) is written by the first batch that uses it: this process, which
-        sees the batches in order, tells each worker which of its sessions earlier batches
-        wrote."""
+    def _run_with_processes(self, items: Iterator, remote: Callable[[Any], tuple]) -> None:
+        """Up to ``workers + 1`` batches are being prepared while one is written; ``remote``
+        names the worker function and arguments of one item. A session (``ImportedSession``)
+        is written by the first batch that uses it: for trees, this process, which sees the
+        batches in order, tells each worker which of its sessions earlier batches wrote."""
         # spawn, not fork: this process holds open database connections and maybe threads
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
                                    initargs=(self.db.url, self.db.redactor.rules))
         upcoming: deque[Future] = deque()
-        groups = self._groups(trees)
         try:
             while True:
                 while len(upcoming) <= self.workers:
-                    group = next(groups, None)
-                    if group is None:
+                    item = next(items, None)
+                    if item is None:
                         break
-                    upcoming.append(pool.submit(_prepare_in_worker, group,
-                                                self._sessions_before(group)))
+                    upcoming.append(pool.submit(*remote(item)))
                 if not upcoming:
                     break
                 self._commit(upcoming.popleft().result())
@@ -584,9 +627,14 @@ def _prepare_in_worker(group: list[ImportedRun], sessions_written: set[str]) -> 
     assert importer is not None, "the pool's initializer makes the importer"
     importer._sessions_written = sessions_written
     batch = importer._prepare(group)
-    if importer.db.is_postgres:  # COPY writes the text only: the parsed data need not travel
-        batch.events = [row[:6] for row in batch.events]
     return batch
+
+
+def _prepare_share_in_worker(share: HistoryShare) -> _Batch:
+    importer = _worker_importer
+    assert importer is not None, "the pool's initializer makes the importer"
+    importer._sessions_written = set()  # a share's new sessions are its own
+    return importer._prepare(share())
 
 
 def _drain(future) -> None:
@@ -615,6 +663,16 @@ def bulk_import(db: Database, runs: Iterable[ImportedRun], *,
     """
     return BulkImporter(db, batch_runs=batch_runs, progress=progress,
                         workers=workers).run(runs)
+
+
+def bulk_import_shares(db: Database, shares: Iterable[HistoryShare], *,
+                       progress: Callable[[int], object] | None = None,
+                       workers: int = 0) -> ImportReport:
+    """Import a history given as shares, one batch per share (size them like ``batch_runs``),
+    each built in the process that prepares its batch: with ``workers``, the trees never
+    cross a process boundary (pickling them cost the writing process as much as writing).
+    ``progress`` as for ``bulk_import``."""
+    return BulkImporter(db, progress=progress, workers=workers).run_shares(shares)
 
 
 def iter_runs(trees: Iterable[ImportedRun]) -> Iterator[ImportedRun]:

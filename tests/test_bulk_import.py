@@ -10,7 +10,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import combinations, pairwise
 from pathlib import Path
 
 import pytest
@@ -40,8 +43,15 @@ from agentledger.core.errors import (
 from agentledger.core.hashing import GENESIS_HASH, event_hash
 from agentledger.core.migrate import upgrade
 from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
-from agentledger.demo_history import synthetic_history
-from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import, iter_runs
+from agentledger.demo_history import SHOWCASE, synthetic_history, synthetic_shares
+from ingest.bulk_import import (
+    ImportedEvent,
+    ImportedRun,
+    ImportedSession,
+    bulk_import,
+    bulk_import_shares,
+    iter_runs,
+)
 from ingest.runs import ContextItem
 from queries.chain_verification import verify_chains
 
@@ -241,6 +251,56 @@ def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
     assert_rollup_matches_scan(db)
 
 
+def _tree_shape(trees: list[ImportedRun]) -> list:
+    """A history without its generated ids."""
+    return [(t.agent_id, t.agent_version, t.created_at, getattr(t.session, "owner_id", None),
+             [(e.type, e.at) for e in t.events], _tree_shape(t.children)) for t in trees]
+
+
+def test_a_synthetic_history_in_shares_is_its_seed_s_and_each_share_keeps_its_sessions(agents):
+    db = agents
+    start = T - timedelta(days=3)
+    timeline = demo._all_versions_registered(db, start, 3)
+
+    def shares():
+        return list(synthetic_shares(runs=100, start=start, days=3, versions=timeline, seed=5,
+                                     roots_per_share=30))
+
+    first, again = shares(), shares()
+    assert [(share.first, share.last) for share in first] == [(0, 30), (30, 60), (60, 90),
+                                                              (90, 100)]
+    built = [share() for share in first]
+    assert [_tree_shape(trees) for trees in built] == [_tree_shape(share()) for share in again]
+    session_ids = [{t.session.id for t in trees} for trees in built]
+    assert all(a.isdisjoint(b) for a, b in combinations(session_ids, 2))
+    roots = [t for trees in built for t in trees]
+    assert all(a.created_at < b.created_at for a, b in pairwise(roots))
+    assert sorted(case for share in first for case in share.forced.values()) == sorted(SHOWCASE)
+
+    seen: list[int] = []
+    report = bulk_import_shares(db, first, progress=seen.append)
+    assert seen == [30, 30, 30, 10] and report.batches == 4
+    with db.read(transaction=True) as session:
+        assert verify_chains(session).ok
+        statuses = Counter(session.execute(select(AgentRun.status)).scalars())
+        reasons = {d["reason"] for d in session.execute(
+            select(RunEvent.data).where(RunEvent.type == "run.interrupted")).scalars()}
+    assert sum(statuses.values()) == report.runs > 100
+    assert set(statuses) == {"succeeded", "failed", "cancelled", "interrupted"}
+    assert reasons == INTERRUPT_REASONS
+    assert_rollup_matches_scan(db)
+
+
+@dataclass(frozen=True)
+class _BuiltShare:
+    """A share whose trees were built beforehand (their ids fixed), to compare two paths."""
+
+    trees: tuple[ImportedRun, ...]
+
+    def __call__(self) -> list[ImportedRun]:
+        return list(self.trees)
+
+
 def test_demo_seed_takes_the_bulk_path_for_large_n(db, monkeypatch):
     from test_demo import describe
 
@@ -281,30 +341,50 @@ def _stored_shape(db) -> dict:
     return {"runs": runs, "events": event_types, "sessions": sessions, "roles": roles}
 
 
-@pytest.mark.slow  # starts worker processes (spawned: about a second each)
-def test_batches_prepared_in_worker_processes_store_what_one_process_does(db, tmp_path):
-    """Sessions that span batches are written once, by their first batch; chains verify, the
-    rollup matches a scan, and the stored rows are those of the in-process path."""
-    start = T - timedelta(days=2)
+@contextmanager
+def _beside_one_process(db, tmp_path, start):
+    """A second, fresh database with the demo agents, for the one-process path; afterwards the
+    chains of ``db`` verify and its rollup matches a scan."""
     with fresh_database(db.dialect, tmp_path) as other_url:
         upgrade(other_url)
         one_process = Database(other_url)
         try:
             timeline = demo._all_versions_registered(db, start, 2)
             demo._all_versions_registered(one_process, start, 2)
-            trees = list(synthetic_history(runs=300, start=start, days=2, versions=timeline,
-                                           seed=8))
-            sessions = Counter(t.session.id for t in trees)
-            assert max(sessions.values()) > 1  # sessions are shared by several runs
-            report = bulk_import(db, trees, batch_runs=60, workers=2)
-            bulk_import(one_process, trees, batch_runs=60)
-            assert report.batches >= 5
-            assert _stored_shape(db) == _stored_shape(one_process)
+            yield one_process, timeline
         finally:
             one_process.dispose()
     with db.read(transaction=True) as session:
         assert verify_chains(session).ok
     assert_rollup_matches_scan(db)
+
+
+@pytest.mark.slow  # starts worker processes (spawned: about a second each)
+def test_batches_prepared_in_worker_processes_store_what_one_process_does(db, tmp_path):
+    """Sessions that span batches are written once, by their first batch; chains verify, the
+    rollup matches a scan, and the stored rows are those of the in-process path."""
+    start = T - timedelta(days=2)
+    with _beside_one_process(db, tmp_path, start) as (one_process, timeline):
+        trees = list(synthetic_history(runs=300, start=start, days=2, versions=timeline, seed=8))
+        sessions = Counter(t.session.id for t in trees)
+        assert max(sessions.values()) > 1  # sessions are shared by several runs
+        report = bulk_import(db, trees, batch_runs=60, workers=2)
+        bulk_import(one_process, trees, batch_runs=60)
+        assert report.batches >= 5
+        assert _stored_shape(db) == _stored_shape(one_process)
+
+
+@pytest.mark.slow  # starts worker processes
+def test_shares_built_in_worker_processes_store_what_bulk_import_does(db, tmp_path):
+    start = T - timedelta(days=2)
+    with _beside_one_process(db, tmp_path, start) as (one_process, timeline):
+        shares = [_BuiltShare(tuple(share())) for share in synthetic_shares(
+            runs=200, start=start, days=2, versions=timeline, seed=9, roots_per_share=40)]
+        seen: list[int] = []
+        report = bulk_import_shares(db, shares, workers=2, progress=seen.append)
+        bulk_import(one_process, [t for share in shares for t in share.trees], batch_runs=60)
+        assert report.batches == 5 and seen == [40] * 5
+        assert _stored_shape(db) == _stored_shape(one_process)
 
 
 @pytest.mark.slow

@@ -488,7 +488,7 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) ->
     except _Lost as lost:
         return lost.args[0]
     assert batch is not None
-    return len(batch.runs)
+    return batch.tally()[0]
 
 
 def _tops(rows: list[_Span], now: datetime, quiet_seconds: float, force: bool) -> list[_Span]:
