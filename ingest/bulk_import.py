@@ -460,10 +460,11 @@ class BulkImporter:
         ])
 
     def _prepare(self, trees: list[ImportedRun]) -> _Batch:
-        """Check and build a batch's rows (as COPY text on PostgreSQL). Its few look-ups (agent versions, existing sessions)
-        read the primary on PostgreSQL (a read replica may lag behind agents registered just
-        before the import) in a transaction that is rolled back; SQLite reads in a read-only
-        transaction so that it does not take the write lock the batch being written holds."""
+        """Check and build a batch's rows (as COPY text on PostgreSQL). Its few look-ups
+        (agent versions, existing sessions) read the primary on PostgreSQL (a read replica may
+        lag behind agents registered just before the import) in a transaction that is rolled
+        back; SQLite reads in a read-only transaction so that it does not take the write lock
+        the batch being written holds."""
         batch = _Batch()
         if self.db.is_postgres:
             with Session(self.db.engine, autoflush=False) as session:
