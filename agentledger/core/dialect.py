@@ -155,15 +155,13 @@ def upsert_adding(
         # already in PostgreSQL's $n form through a raw cursor, nothing is parsed client-side.
         # The values bypass SQLAlchemy's bind processing: these columns are numbers, text,
         # dates and aware datetimes, which psycopg adapts exactly as SQLAlchemy would pass them.
-        sql, order = _raw_adding_statement(*shape)
-        raw = session.connection().connection.driver_connection
-        assert raw is not None
-        with psycopg.RawCursor(raw) as cursor:
+        statement, order = _raw_adding_statement(*shape)
+        with psycopg.RawCursor(_driver_connection(session)) as cursor:
             params = [tuple(row[column] for column in order) for row in rows]
             if len(params) == 1:
-                cursor.execute(sql, params[0])
+                cursor.execute(statement, params[0])
             else:
-                cursor.executemany(sql, params)
+                cursor.executemany(statement, params)
         return
     # executemany of one small statement: cheap to compile whatever the number of rows
     session.execute(_adding_statement(name(session), *shape), rows)
