@@ -183,8 +183,8 @@ def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None
     db = Database(settings.database_url, redaction_rules=settings.redaction_rules())
     try:
         timeline = _all_versions_registered(db, start, days)
-        # one share per batch (a root brings ~1.4 runs with its children), built in the
-        # process that prepares it
+        # one share per batch, built in the process that prepares it (a root brings about
+        # 1.9 runs with its children, so a share of batch_runs / 1.4 roots writes ~2,700)
         shares = synthetic_shares(runs=runs, start=start, days=days, versions=timeline,
                                   seed=seed, roots_per_share=max(1, batch_runs * 5 // 7))
         with tqdm(total=runs, unit="run", desc="demo seed (bulk)", disable=not progress,

@@ -198,7 +198,7 @@ class _Builder:
                            input=topic, created_at=self.at, events=[])
 
 
-ROOTS_PER_SHARE = 1400  # about 2,000 runs with their children: the bulk import's batch
+ROOTS_PER_SHARE = 1400  # about 2,700 runs with their children: one bulk import batch
 
 
 @dataclass(frozen=True)
