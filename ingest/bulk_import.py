@@ -627,15 +627,11 @@ def _prepare_in_worker(group: list[ImportedRun], sessions_written: set[str]) -> 
     importer = _worker_importer
     assert importer is not None, "the pool's initializer makes the importer"
     importer._sessions_written = sessions_written
-    batch = importer._prepare(group)
-    return batch
+    return importer._prepare(group)
 
 
 def _prepare_share_in_worker(share: HistoryShare) -> _Batch:
-    importer = _worker_importer
-    assert importer is not None, "the pool's initializer makes the importer"
-    importer._sessions_written = set()  # a share's new sessions are its own
-    return importer._prepare(share())
+    return _prepare_in_worker(share(), set())  # a share's new sessions are its own
 
 
 def _drain(future) -> None:
