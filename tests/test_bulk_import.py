@@ -4,6 +4,7 @@ the outcome rollup moves with them, and an invalid history writes nothing."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -50,6 +51,7 @@ from ingest.bulk_import import (
     ImportedSession,
     bulk_import,
     bulk_import_shares,
+    collector_paused,
     iter_runs,
 )
 from ingest.runs import ContextItem
@@ -289,6 +291,34 @@ def test_a_synthetic_history_in_shares_is_its_seed_s_and_each_share_keeps_its_se
     assert set(statuses) == {"succeeded", "failed", "cancelled", "interrupted"}
     assert reasons == INTERRUPT_REASONS
     assert_rollup_matches_scan(db)
+
+
+def test_batches_are_built_with_the_cyclic_collector_paused_and_it_runs_again_after(agents):
+    db = agents
+    collecting: list[bool] = []
+
+    def share() -> list[ImportedRun]:
+        collecting.append(gc.isenabled())
+        chat = ImportedSession(owner_id="u1", agent_id="alpha", created_at=T)
+        return [answered_run(chat)]
+
+    def refused() -> list[ImportedRun]:
+        raise ValidationFailed("not this one")
+
+    assert gc.isenabled()
+    report = bulk_import_shares(db, [share, share])
+    assert collecting == [False, False] and report.runs == 2
+    assert gc.isenabled()
+    with pytest.raises(ValidationFailed):
+        bulk_import_shares(db, [refused])
+    assert gc.isenabled()
+    gc.disable()  # a caller that turned it off itself keeps it off
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 @dataclass(frozen=True)
