@@ -110,13 +110,16 @@ def test_an_unreachable_postgres_replica_leaves_reads_to_the_primary(pg_url, cap
         db.dispose()
 
 
-def test_a_postgres_read_url_that_is_not_a_standby_is_read_as_it_is(pg_url):
+def test_a_postgres_read_url_that_is_not_a_standby_is_read_as_it_is(pg_url, caplog):
     db = Database(pg_url, pg_url)  # the primary itself: never in recovery
     try:
-        make_agent(db, "echo", name="Echo")
-        assert _reads_everywhere(db) == ["Echo"] * 3
-        with db.read() as s:
-            assert s.execute(text("SELECT current_setting('application_name')")).scalar() \
-                == "agentledger-replica-read"  # served by the read URL, not the primary
+        with caplog.at_level(logging.DEBUG, logger="agentledger.core.database"):
+            make_agent(db, "echo", name="Echo")
+            assert _reads_everywhere(db) == ["Echo"] * 3
+            with db.read() as s:
+                served_by = s.execute(text("SELECT current_setting('application_name')")).scalar()
+        # served by the read URL, not the primary; when not, say why the read fell back
+        assert served_by == "agentledger-replica-read", (
+            served_by, db.replica_gate.available, [r.getMessage() for r in caplog.records])
     finally:
         db.dispose()
