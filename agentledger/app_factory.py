@@ -11,6 +11,7 @@ from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
 from agentledger.web.app_state import AppState
+from agentledger.web.cookie_session import CookieSessionInterface
 from agentledger.web.security import install_security
 
 
@@ -37,6 +38,7 @@ def create_app(
         JSON_SORT_KEYS=False,
     )
     app.json.sort_keys = False
+    app.session_interface = CookieSessionInterface()
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres,
                              poll_seconds=settings.sse_poll_seconds)
     notifier.hear_commits_of(db)

@@ -73,3 +73,16 @@ def test_the_dashboard_page_gets_the_csp_with_dash_script_hashes(app, keys):
     reply = client.get("/runs")
     assert reply.status_code == 200
     assert "'sha256-" in reply.headers["Content-Security-Policy"]
+
+
+def test_the_session_cookie_is_verified_and_a_request_without_one_gets_none(app, keys):
+    client = logged_in(app, keys["admin"])
+    assert client.get("/api/agents").status_code == 200  # the signed cookie logs the admin in
+    value = client.get_cookie("agentledger_session").value
+    client.set_cookie("agentledger_session", value[:-4] + ("AAAA" if value[-4:] != "AAAA" else "BBBB"))
+    assert client.get("/api/agents").status_code == 401  # a tampered cookie is nobody
+    bearer = app.test_client().get("/api/agents",
+                                   headers={"Authorization": f"Bearer {keys['admin']}"})
+    assert bearer.status_code == 200
+    assert not any(c.startswith("agentledger_session=")
+                   for c in bearer.headers.getlist("Set-Cookie"))
