@@ -142,9 +142,9 @@ def _own_cpu() -> float:
 
 
 def analyze(url: str) -> None:
-    """After a load: fresh planner statistics and visibility maps (PostgreSQL autovacuum may
-    lag behind), then a checkpoint, so that the reads measured next do not share the disk
-    with the load's dirty pages being written out."""
+    """Before the phases: fresh planner statistics, visibility maps and no dead rows (what
+    autovacuum keeps, when it is on and has caught up), then a checkpoint, so that the reads
+    measured next do not share the disk with dirty pages being written out."""
     if not is_postgres(url):
         return
     import psycopg

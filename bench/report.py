@@ -45,6 +45,7 @@ def machine_info(url: str) -> dict[str, Any]:
 
         with psycopg.connect(libpq(url)) as conn:
             info["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+            info["autovacuum"] = conn.execute("SHOW autovacuum").fetchone()[0]
     else:
         import sqlite3
 
@@ -77,7 +78,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"| CPUs | {m['cpus']} |",
         f"| memory | {m['memory_gb']} GB |",
         f"| Python | {m['python']} |",
-        f"| database | {m['database']} {m.get('postgresql') or m.get('sqlite') or ''} |",
+        f"| database | {m['database']} {m.get('postgresql') or m.get('sqlite') or ''}"
+        + (f"; autovacuum {m['autovacuum']}" if m.get("autovacuum") else "") + " |",
         f"| git commit | {m['git_commit']} |",
         f"| platform | {m['platform']} |",
         *([f"| calibration (fixed Python workload, CPU ms, best of 5; start / end) | "
