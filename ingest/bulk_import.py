@@ -626,16 +626,20 @@ def _exit_with(sentinel: int) -> None:
 
 
 def _prepare_in_worker(group: list[ImportedRun], sessions_written: set[str]) -> _Batch:
-    importer = _worker_importer
-    assert importer is not None, "the pool's initializer makes the importer"
-    importer._sessions_written = sessions_written
     with collector_paused():
-        return importer._prepare(group)
+        return _worker_prepare(group, sessions_written)
 
 
 def _prepare_share_in_worker(share: HistoryShare) -> _Batch:
-    with collector_paused():
-        return _prepare_in_worker(share(), set())  # a share's new sessions are its own
+    with collector_paused():  # the share's trees are part of the batch being built
+        return _worker_prepare(share(), set())  # a share's new sessions are its own
+
+
+def _worker_prepare(group: list[ImportedRun], sessions_written: set[str]) -> _Batch:
+    importer = _worker_importer
+    assert importer is not None, "the pool's initializer makes the importer"
+    importer._sessions_written = sessions_written
+    return importer._prepare(group)
 
 
 @contextmanager
