@@ -36,6 +36,13 @@ log = logging.getLogger("agentledger.server")
 LIMIT_REQUEST_LINE = 8_190
 LIMIT_REQUEST_FIELDS = 200
 LIMIT_REQUEST_FIELD_SIZE = 16_384
+# How long an idle keep-alive connection stays open. A client that reuses a pooled connection
+# just as the server closes it gets "connection reset" on that request, and a POST is not
+# retried: with gunicorn's default of 2 s, a client pausing about two seconds between requests
+# hit that window (seen in the test suite's real-server tests). Clients and proxies rarely
+# pause this long on a connection they mean to reuse; nginx's own default is the same 75 s. The
+# threaded worker keeps idle connections in its poller, not in a thread, so they cost a socket.
+KEEPALIVE_SECONDS = 75
 
 
 def _refusal(exc: BaseException) -> tuple[int, str, str, str]:
@@ -225,6 +232,7 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
         "threads": threads,
         "timeout": 60,
         "graceful_timeout": 10,
+        "keepalive": KEEPALIVE_SECONDS,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "info",

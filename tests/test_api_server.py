@@ -510,3 +510,26 @@ def test_requests_under_the_limits_are_served(world):
                            {"Authorization": f"Bearer {world.admin}", "X-Fine": "f" * 4_000})
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request"  # bad cursor
     assert _raw(world, "GET", "/api/health", {f"X-H-{i}": "x" for i in range(60)})[0] == 200
+
+
+def test_a_keep_alive_connection_idle_for_seconds_still_serves_the_next_request(world):
+    """A pooled connection reused after a pause is still open (gunicorn's default closed idle
+    ones after 2 s, and a request sent as it closed was reset)."""
+    import http.client
+
+    from agentledger.server import KEEPALIVE_SECONDS
+
+    assert KEEPALIVE_SECONDS > 3  # the pause below is within it
+    port = int(world.base.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        headers = {"Authorization": f"Bearer {world.alice}"}
+        for pause in (0, 3):
+            time.sleep(pause)
+            connection.request("GET", "/api/sessions", headers=headers)
+            reply = connection.getresponse()
+            reply.read()
+            assert reply.status == 200
+        assert connection.sock is not None  # the same socket served both
+    finally:
+        connection.close()
