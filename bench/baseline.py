@@ -139,7 +139,8 @@ class RawLifecycle(RawRunCreator):
     then a claim of the oldest queued run of the agent (``FOR UPDATE SKIP LOCKED``, the run row
     to running with its lease, ``run.started``), one ``message.delta`` (head compare-and-set and
     the event), and the completion (head and status, the assistant message, ``run.completed``,
-    and one upsert into each outcome rollup, day and hour): four transactions, hash-chained."""
+    and one upsert into each outcome rollup, day, hour and minute): four transactions,
+    hash-chained."""
 
     def live_one(self) -> None:
         self.create()
@@ -187,7 +188,9 @@ class RawLifecycle(RawRunCreator):
             for table, key_column, key in (
                 ("agent_outcome_rollup", "day", created.astimezone(UTC).date()),
                 ("agent_outcome_rollup_hour", "hour", created.astimezone(UTC).replace(minute=0, second=0,
-                                                                       microsecond=0))):
+                                                                       microsecond=0)),
+                ("agent_outcome_rollup_minute", "minute",
+                 created.astimezone(UTC).replace(second=0, microsecond=0))):
                 self.conn.execute(
                     f"INSERT INTO {table} (agent_id, agent_version, {key_column}, status, shard,"
                     " runs, latency_n, latency_sum, latency_min, latency_max, wait_n, wait_sum,"

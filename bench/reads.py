@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from agentledger.core.database import Database
+from agentledger.core.rollup_periods import minutes_readable_from
 from bench import baseline
 from bench.common import Row, Sizes, latency_ms, latency_ratio, libpq, log, timed
 from queries.agent_outcomes import agent_outcomes
@@ -75,17 +76,20 @@ def sample(db: Database, k: int = 200, *, created_after: datetime | None = None)
 
 def _edge_note(db: Database, start: datetime) -> str:
     """How much of an outcome window (``start`` to now) is scanned run by run: the partial
-    hour at its start (``queries.outcome_windows``), which depends on the minute the bench
-    reads at; rows of different runs compare only with it in view."""
-    edges = split_window(TimeWindow(start, None)).edges
+    minute (or, for a window starting before the minutes the rollup keeps, the partial hour)
+    at its start (``queries.outcome_windows``), which depends on the moment the bench reads
+    at; rows of different runs compare only with it in view."""
+    edges = split_window(TimeWindow(start, None),
+                         minutes_from=minutes_readable_from(datetime.now(UTC))).edges
     if not edges:
-        return "; start edge: none (the window starts on an hour)"
-    minutes = sum((e.end - e.start).total_seconds() for e in edges if e.end and e.start) / 60
+        return "; start edge: none (the window starts on a whole minute)"
+    seconds = sum((e.end - e.start).total_seconds() for e in edges if e.end and e.start)
     with db.read() as s:
         runs = sum(s.execute(text("SELECT count(*) FROM agent_run WHERE created_at >= :a "
                                   "AND created_at < :b"), {"a": e.start, "b": e.end}).scalar_one()
                    for e in edges)
-    return f"; start edge scanned run by run: {minutes:.0f} min, {runs:,} runs"
+    span = f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    return f"; start edge scanned run by run: {span}, {runs:,} runs"
 
 
 def _cycle(values: list[str]) -> Callable[[], str]:

@@ -12,8 +12,9 @@ versions that exist (register them through ``ingest.agents`` first), and child r
 by a ``run.child_created`` of their parent. The rows are exactly what the live path would have
 stored: both frozen snapshots, the user and assistant messages, gapless seqs and the hash chain
 (``agentledger verify`` accepts them), the run head, leases, error, final message and times.
-Each batch also adds its runs to the outcome rollup (``ingest.rollup``) in the same
-transaction.
+Each batch also adds its runs to the outcome rollups (``ingest.rollup``) in the same
+transaction: the minute rollup only the runs created within the minutes kept when the import
+started.
 
 A refused history raises before its batch writes anything; batches before it stay committed.
 Imported runs are always terminal, so a live worker never sees (or claims) one.
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sqlalchemy import insert, select
@@ -55,6 +56,7 @@ from agentledger.core.errors import IllegalTransition, LedgerError, UnknownAgent
 from agentledger.core.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
+from agentledger.core.rollup_periods import minutes_kept_from
 from agentledger.core.schema import (
     AgentRun,
     AgentVersion,
@@ -177,14 +179,14 @@ def _aware(moment: datetime, where: str) -> datetime:
 class _Batch:
     """The rows of one batch, built and checked before anything is written."""
 
-    def __init__(self) -> None:
+    def __init__(self, minutes_from: datetime) -> None:
         self.threads: list[tuple] = []
         self.sessions: list[tuple] = []
         self.runs: list[dict] = []
         self.messages: list[tuple] = []
         self.events: list[tuple] = []  # (run_id, seq, type, data_json, created_at, hash, data)
         self.blobs: dict[str, str] = {}
-        self.rollup = RollupBatch()
+        self.rollup = RollupBatch(minutes_from=minutes_from)
         self.root_runs = 0
         # PostgreSQL: (table, columns, COPY text) per table, once ``format_for_copy`` ran; the
         # rows above are dropped then, and the counts kept here
@@ -220,7 +222,8 @@ class BulkImporter:
     """Writes ``ImportedRun`` trees in batches (see the module docstring)."""
 
     def __init__(self, db: Database, *, batch_runs: int = DEFAULT_BATCH_RUNS,
-                 progress: Callable[[int], object] | None = None, workers: int = 0):
+                 progress: Callable[[int], object] | None = None, workers: int = 0,
+                 minutes_from: datetime | None = None):
         if batch_runs < 1:
             raise ValueError("batch_runs must be at least 1")
         if workers < 0:
@@ -232,6 +235,9 @@ class BulkImporter:
         self.batch_runs = batch_runs
         self.progress = progress
         self.workers = workers
+        # Runs created since then are added to the minute rollup too (the minutes kept when
+        # the import starts; ``agentledger.core.rollup_periods``).
+        self.minutes_from = minutes_from or minutes_kept_from(datetime.now(UTC))
         self._snapshots: dict[tuple[str, int], tuple[dict, str]] = {}
         self._sessions_written: set[str] = set()
         self._existing_sessions: dict[str, tuple[str, str]] = {}
@@ -467,7 +473,7 @@ class BulkImporter:
         lag behind agents registered just before the import) in a transaction that is rolled
         back; SQLite reads in a read-only transaction so that it does not take the write lock
         the batch being written holds."""
-        batch = _Batch()
+        batch = _Batch(self.minutes_from)
         if self.db.is_postgres:
             with Session(self.db.engine, autoflush=False) as session:
                 try:
@@ -491,7 +497,7 @@ class BulkImporter:
         """Check and build the rows of ``trees`` with the caller's session for the look-ups: a
         PostgreSQL write transaction that writes them next (one connection and transaction
         fewer). Not for SQLite, whose write transaction holds the database's write lock."""
-        batch = _Batch()
+        batch = _Batch(self.minutes_from)
         for tree in trees:
             self._add_tree(session, batch, tree)
         return batch
@@ -575,7 +581,8 @@ class BulkImporter:
         # spawn, not fork: this process holds open database connections and maybe threads
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
-                                   initargs=(self.db.url, self.db.redactor.rules))
+                                   initargs=(self.db.url, self.db.redactor.rules,
+                                             self.minutes_from))
         upcoming: deque[Future] = deque()
         try:
             while True:
@@ -609,9 +616,10 @@ class BulkImporter:
 _worker_importer: BulkImporter | None = None
 
 
-def _start_worker(url: str, rules: tuple) -> None:
+def _start_worker(url: str, rules: tuple, minutes_from: datetime) -> None:
     global _worker_importer
-    _worker_importer = BulkImporter(Database(url, redaction_rules=rules))
+    _worker_importer = BulkImporter(Database(url, redaction_rules=rules),
+                                    minutes_from=minutes_from)
     # A worker whose importer was killed would block for ever handing back a batch nobody
     # reads: it ends when the importing process does.
     parent = multiprocessing.parent_process()

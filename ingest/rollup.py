@@ -1,5 +1,6 @@
-"""The per-agent outcome rollups (``agent_outcome_rollup`` per UTC day of creation and
-``agent_outcome_rollup_hour`` per UTC hour), kept in step with run endings.
+"""The per-agent outcome rollups (``agent_outcome_rollup`` per UTC day of creation,
+``agent_outcome_rollup_hour`` per UTC hour and ``agent_outcome_rollup_minute`` per UTC minute
+of the last two days, ``agentledger.core.rollup_periods``), kept in step with run endings.
 
 ``append_events`` calls ``record_run_end`` in the transaction that appends a run's terminal
 event; ``bulk_import`` adds whole batches through ``RollupBatch``. A run is counted under its
@@ -11,7 +12,8 @@ not in the rollup at all (the read side adds those few live runs itself).
 
 Run endings spread over ``ROLLUP_SHARDS`` rows per key; ``fold_shards`` (the reconciler loop,
 every few minutes) folds the shard rows of periods that are over into shard 0, so a read of a
-month sums a row per key and day, not up to sixteen.
+month sums a row per key and day, not up to sixteen; ``prune_minutes`` (the same loop) deletes
+the minutes no longer kept.
 """
 
 from __future__ import annotations
@@ -26,13 +28,29 @@ from sqlalchemy.orm import Session
 from agentledger.core import dialect
 from agentledger.core.outcome_histogram import LATENCY_COLUMNS, WAIT_COLUMNS
 from agentledger.core.outcome_sums import OutcomeSums, usage_totals
-from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
+from agentledger.core.rollup_periods import (
+    day_of,
+    hour_of,
+    minute_of,
+    minutes_kept_from,
+)
+from agentledger.core.schema import (
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentOutcomeRollupMinute,
+    AgentRun,
+    RunEvent,
+)
 from agentledger.core.vocabulary import TERMINAL
 
 ROLLUP = AgentOutcomeRollup.__table__
 ROLLUP_HOUR = AgentOutcomeRollupHour.__table__
+ROLLUP_MINUTE = AgentOutcomeRollupMinute.__table__
 KEY = ["agent_id", "agent_version", "day", "status", "shard"]
 HOUR_KEY = ["agent_id", "agent_version", "hour", "status", "shard"]
+MINUTE_KEY = ["agent_id", "agent_version", "minute", "status", "shard"]
+# The three rollups, coarsest first: the order every writer adds to them and locks their rows.
+TABLES = ((ROLLUP, KEY), (ROLLUP_HOUR, HOUR_KEY), (ROLLUP_MINUTE, MINUTE_KEY))
 # Rows per (agent, version, day, status) that single run endings spread over, so concurrent
 # endings of one busy agent rarely wait on each other's row lock (readers sum the shards).
 ROLLUP_SHARDS = 16
@@ -73,25 +91,30 @@ def _accumulate(row: OutcomeSums, outcome: RunOutcome) -> None:
     row.add_usage(outcome.input_tokens, outcome.output_tokens, outcome.cost_usd)
 
 
-def _hour_of(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-
-
 class RollupBatch:
-    """Ended runs summed in memory per rollup key (a day row and an hour row each), then
-    written with one upsert per table."""
+    """Ended runs summed in memory per rollup key (a day row, an hour row and, for a run
+    created since ``minutes_from``, a minute row each), then written with one upsert per
+    table, sent together."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, minutes_from: datetime | None) -> None:
+        """``minutes_from``: the oldest creation time added to the minute rollup
+        (``rollup_periods.minutes_kept_from`` of the moment the batch is written); None: no
+        minute rows."""
+        self.minutes_from = minutes_from
         # (agent_id, agent_version, period, status, shard): the period is the UTC day (a date)
-        # in ``days`` and the UTC hour (a datetime, which is a date too) in ``hours``
+        # in ``days`` and the UTC hour or minute (a datetime, which is a date too) in the others
         self.days: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
         self.hours: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
+        self.minutes: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
         if outcome.status not in TERMINAL:
             raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
-        created = outcome.created_at.astimezone(UTC)
-        for rows, period in ((self.days, created.date()), (self.hours, _hour_of(created))):
+        created = outcome.created_at
+        periods = [(self.days, day_of(created)), (self.hours, hour_of(created))]
+        if self.minutes_from is not None and created >= self.minutes_from:
+            periods.append((self.minutes, minute_of(created)))
+        for rows, period in periods:
             key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
             row = rows.get(key)
             if row is None:
@@ -99,15 +122,23 @@ class RollupBatch:
             _accumulate(row, outcome)
 
     def write(self, session: Session) -> None:
-        """One upsert per table (keys sorted: concurrent writers lock in one order)."""
-        for table, key_columns, rows in ((ROLLUP, KEY, self.days),
-                                         (ROLLUP_HOUR, HOUR_KEY, self.hours)):
-            if rows:
-                _upsert(session, table, key_columns, rows)
+        """One upsert per table, in one round trip (keys sorted, tables coarsest first:
+        concurrent writers lock in one order)."""
+        parts = [(table, key_columns, rows) for (table, key_columns), rows
+                 in zip(TABLES, (self.days, self.hours, self.minutes), strict=True)]
+        _upsert(session, [(table, key_columns, dict(rows)) for table, key_columns, rows in parts])
+        for _table, _key_columns, rows in parts:
             rows.clear()
 
 
-def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> None:
+def _upsert(session: Session, parts: list[tuple]) -> None:
+    """``(table, key_columns, {key: sums})`` parts, added together."""
+    dialect.upsert_adding_together(
+        session, [(table, key_columns, _rows(key_columns, sums)) for table, key_columns, sums in parts],
+        least=("latency_min", "wait_min"), greatest=("latency_max", "wait_max"))
+
+
+def _rows(key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> list[dict]:
     # Every histogram column, zeros included: one statement shape per table, built and
     # compiled once (naming only the buckets a batch touched made thousands of shapes).
     values = []
@@ -125,26 +156,27 @@ def _upsert(session: Session, table, key_columns: list[str], rows: dict[tuple, O
         item.update(zip(LATENCY_COLUMNS, row.latency.histogram, strict=True))
         item.update(zip(WAIT_COLUMNS, row.wait.histogram, strict=True))
         values.append(item)
-    dialect.upsert_adding(session, table, key_columns, values,
-                          least=("latency_min", "wait_min"),
-                          greatest=("latency_max", "wait_max"))
+    return values
 
 
 def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> None:
-    """Add one ended run to the rollup (called by ``append_events`` in the ending transaction,
-    with the run's ``rollup_shard``)."""
-    batch = RollupBatch()
+    """Add one ended run to the rollups (called by ``append_events`` in the ending transaction,
+    with the run's ``rollup_shard``; its ending moment is the "now" the minute rollup keeps
+    runs from)."""
+    batch = RollupBatch(minutes_from=minutes_kept_from(outcome.finished_at))
     batch.add(outcome, shard=shard)
     batch.write(session)
 
 
-def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
-    """Recompute the whole rollup from ``agent_run`` and ``run_event``; returns runs counted.
+def rebuild_rollup(session: Session, *, chunk: int = 5000, now: datetime | None = None) -> int:
+    """Recompute the whole rollup (the minutes kept at ``now``) from ``agent_run`` and
+    ``run_event``; returns runs counted.
 
-    For the migration that introduces the rollup and for repairs; live traffic never needs it.
+    For repairs; live traffic never needs it.
     """
-    session.execute(delete(AgentOutcomeRollup))
-    session.execute(delete(AgentOutcomeRollupHour))
+    minutes_from = minutes_kept_from(now or datetime.now(UTC))
+    for table, _key in TABLES:
+        session.execute(delete(table))
     counted, after = 0, ""
     while True:
         runs = session.execute(
@@ -162,7 +194,7 @@ def rebuild_rollup(session: Session, *, chunk: int = 5000) -> int:
             .order_by(RunEvent.run_id, RunEvent.seq)
         ):
             usage.setdefault(run_id, []).append(data)
-        batch = RollupBatch()
+        batch = RollupBatch(minutes_from=minutes_from)
         for r in runs:
             tokens_in, tokens_out, cost = usage_totals(usage.get(r.id, ()))
             batch.add(RunOutcome(r.agent_id, r.agent_version, r.status, r.created_at,
@@ -181,7 +213,7 @@ FOLD_GRACE = timedelta(minutes=5)  # an hour is folded once it has been over thi
 
 
 def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD_BATCH) -> int:
-    """Fold the shard rows (shard > 0) of the days and hours that were over by
+    """Fold the shard rows (shard > 0) of the days, hours and minutes that were over by
     ``settled_before`` into their key's shard 0, at most ``limit`` rows of each table, oldest
     first; returns the rows folded (``limit`` or more while a table has rows left to fold).
 
@@ -191,15 +223,16 @@ def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD
     shard 0 in one transaction, so a run ending concurrently either updated the row before it
     was deleted (and is folded with it) or waits for this transaction and then inserts a fresh
     shard row (folded by a later pass). A run created in a period that is over and ending later
-    does exactly that. Days are folded before hours, the order run endings lock them in.
+    does exactly that. Days are folded before hours and hours before minutes, the order run
+    endings lock them in.
     """
     if dialect.name(session) == "postgresql" and not session.execute(
             text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _FOLD_LOCK}).scalar_one():
         return 0  # another process is folding now
     settled = settled_before.astimezone(UTC)
     folded = 0
-    for table, key_columns, bound in ((ROLLUP, KEY, settled.date()),
-                                      (ROLLUP_HOUR, HOUR_KEY, _hour_of(settled))):
+    for (table, key_columns), bound in zip(
+            TABLES, (day_of(settled), hour_of(settled), minute_of(settled)), strict=True):
         period, key = table.c[key_columns[2]], [table.c[c] for c in key_columns]
         oldest = (select(*key).where(table.c.shard != 0, period < bound)
                   .order_by(period).limit(limit))
@@ -215,7 +248,7 @@ def fold_shards(session: Session, *, settled_before: datetime, limit: int = FOLD
             else:
                 found.merge(OutcomeSums.of_rollup_row(row))
         if sums:
-            _upsert(session, table, key_columns, sums)
+            _upsert(session, [(table, key_columns, sums)])
         folded += len(moved)
     return folded
 
@@ -226,3 +259,20 @@ def fold_settled_shards(session: Session, now: datetime | None = None,
     mostly seconds after they start, have come in by then)."""
     return fold_shards(session, settled_before=(now or datetime.now(UTC)) - FOLD_GRACE,
                        limit=limit)
+
+
+PRUNE_BATCH = 5000  # minute rows per transaction: a backlog is deleted in short steps
+
+
+def prune_minutes(session: Session, now: datetime | None = None, limit: int = PRUNE_BATCH) -> int:
+    """Delete at most ``limit`` minute rollup rows older than the minutes kept at ``now``
+    (oldest first); returns the rows deleted (``limit`` while older ones are left).
+
+    Readers never use those minutes (``rollup_periods.minutes_readable_from``), so deleting
+    them changes no answer."""
+    kept_from = minute_of(minutes_kept_from(now or datetime.now(UTC)))
+    table = ROLLUP_MINUTE
+    key = [table.c[c] for c in MINUTE_KEY]
+    oldest = select(*key).where(table.c.minute < kept_from).order_by(table.c.minute).limit(limit)
+    result = session.execute(delete(table).where(tuple_(*key).in_(oldest)))
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -6,9 +6,10 @@ tokens and cost summed from ``usage`` events (cost over the runs whose cost is k
 number of runs that had no price; a scanned run that ended with its totals recorded on its row,
 ``agent_run.usage_*``, is read from there, not from its events). Ended runs are read from the
 incrementally maintained rollups
-(whole UTC days, and whole hours of partial days; ``queries.outcome_windows`` plans the window),
-so a window of any length scans at most two partial hours of runs; percentiles are histogram
-estimates. A run counts under the agent version frozen in its snapshot
+(whole UTC days, whole hours of partial days, whole minutes of partial hours in the last two
+days; ``queries.outcome_windows`` plans the window), so a recent window of any length scans at
+most two partial minutes of runs (one starting earlier, at most two partial hours);
+percentiles are histogram estimates. A run counts under the agent version frozen in its snapshot
 (``agent_run.agent_version``), so comparing versions compares what each really did. The trend
 per day is ``queries.outcome_trend``.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Float, and_, bindparam, case, func, select, true, union_all
@@ -36,17 +38,21 @@ from agentledger.core.read_sql import (
     is_postgres,
     json_number_pg,
 )
+from agentledger.core.rollup_periods import minutes_readable_from
 from agentledger.core.schema import Agent, AgentRun, AgentVersion, RunEvent
 from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
 from queries.common import TimeWindow
 from queries.outcome_windows import (
     H,
+    M,
     R,
     Split,
     bound_hour_where,
+    bound_minute_where,
     bound_rollup_where,
     bound_run_conditions,
     hour_params,
+    minute_params,
     rollup_params,
     run_params,
     split_window,
@@ -164,16 +170,21 @@ _ROLLUP_COLUMNS = ("agent_id", "agent_version", "status", "runs", "latency_n", "
 
 
 @functools.cache
-def _rollup_query(day_bound: tuple[str, ...] | None, hour_bound: tuple[str, ...] | None):
-    """The sums of the day rollup's rows (windows whose set bounds are ``day_bound``) and the
-    hour rollup's (``hour_bound``) together, in one statement built once: it has ~140
-    columns, and building it for every read cost more than running it; one statement rather
-    than one per table saves a round trip and a result of ~140 columns."""
+def _rollup_query(day_bound: tuple[str, ...] | None, hour_bound: tuple[str, ...] | None,
+                  minute_bound: tuple[str, ...] | None = None):
+    """The sums of the day rollup's rows (windows whose set bounds are ``day_bound``), the
+    hour rollup's (``hour_bound``) and the minute rollup's (``minute_bound``) together, in one
+    statement built once: it has ~140 columns, and building it for every read cost more than
+    running it; one statement rather than one per table saves round trips and results of
+    ~140 columns."""
     parts = []
     if day_bound is not None:
         parts.append(select(*(R[c] for c in _ROLLUP_COLUMNS)).where(*bound_rollup_where(day_bound)))
     if hour_bound is not None:
         parts.append(select(*(H[c] for c in _ROLLUP_COLUMNS)).where(*bound_hour_where(hour_bound)))
+    if minute_bound is not None:
+        parts.append(select(*(M[c] for c in _ROLLUP_COLUMNS))
+                     .where(*bound_minute_where(minute_bound)))
     rows = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("rollup_rows").c
     columns, runs = _sums(rows)
     return (select(*columns)
@@ -184,11 +195,11 @@ def _rollup_query(day_bound: tuple[str, ...] | None, hour_bound: tuple[str, ...]
 
 def _from_rollup(session: Session, split: Split, agent_id: str | None,
                  versions: dict[tuple[str, int], OutcomeSums], row_limit: int) -> bool:
-    """Whole days from the day rollup, whole hours of the partial days from the hour rollup.
-    Reads at most ``row_limit`` (agent, version, status) rows, the busiest first; returns True
-    when some were left out."""
+    """Whole days from the day rollup, whole hours of the partial days from the hour rollup,
+    whole minutes of the partial hours from the minute rollup. Reads at most ``row_limit``
+    (agent, version, status) rows, the busiest first; returns True when some were left out."""
     params: dict = {}
-    day_bound = hour_bound = None
+    day_bound = hour_bound = minute_bound = None
     if split.has_days:
         day_params = rollup_params(split, agent_id)
         day_bound = tuple(sorted(day_params))
@@ -197,9 +208,13 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
         hours = hour_params(split, agent_id)
         hour_bound = tuple(sorted(hours))
         params.update(hours)
-    if day_bound is None and hour_bound is None:
+    if split.minutes:
+        minutes = minute_params(split, agent_id)
+        minute_bound = tuple(sorted(minutes))
+        params.update(minutes)
+    if day_bound is None and hour_bound is None and minute_bound is None:
         return False
-    query = _rollup_query(day_bound, hour_bound)
+    query = _rollup_query(day_bound, hour_bound, minute_bound)
     found = execute(session, query, {**params, "row_limit": row_limit + 1}).all()
     for r in found[:row_limit]:
         h = 16
@@ -389,20 +404,22 @@ def _busiest(groups: dict, max_groups: int) -> tuple[dict, bool]:
 
 def agent_outcomes(
     session: Session, window: TimeWindow, *, agent_id: str | None = None,
-    max_groups: int = MAX_GROUPS,
+    max_groups: int = MAX_GROUPS, now: datetime | None = None,
 ) -> AgentOutcomes:
     """Outcomes of the runs created in ``window``, per agent and per version (each list sorted
     by agent id and version).
 
-    Ended runs come from ``agent_outcome_rollup`` for the whole UTC days of the window and from
-    ``agent_outcome_rollup_hour`` for the whole hours of its partial days; runs of the partial
-    hours at its edges (at most two hours), and runs that have not ended yet (few, on a
+    Ended runs come from ``agent_outcome_rollup`` for the whole UTC days of the window, from
+    ``agent_outcome_rollup_hour`` for the whole hours of its partial days and from
+    ``agent_outcome_rollup_minute`` for the whole minutes of its partial hours (those the
+    minute rollup keeps at ``now``, the last two days); runs of the partial minutes at its
+    edges (or of partial hours longer ago), and runs that have not ended yet (few, on a
     partial index), are read from ``agent_run``. Counts, rates, tokens and cost are exact;
     percentiles are estimated from the rollup's log-scale histograms (within one bucket,
     ≤ 26 %), means exact. At most ``max_groups`` agents and versions are returned, the ones
     with the most runs; ``groups_truncated`` says when others were left out.
     """
-    split = split_window(window)
+    split = split_window(window, minutes_from=minutes_readable_from(now or datetime.now(UTC)))
     versions: dict[tuple[str, int], OutcomeSums] = {}
     truncated = _from_rollup(session, split, agent_id, versions, max_groups * _STATUSES)
     for edge in split.edges:

@@ -1,6 +1,7 @@
 """Window planning for per-agent outcomes: which whole UTC days come from the day rollup, which
-whole hours of the partial days from the hour rollup, and which partial hours at the edges are
-scanned run by run (at most two hours of runs, whatever the window)."""
+whole hours of the partial days from the hour rollup, which whole minutes of the partial hours
+from the minute rollup (for the recent past it keeps, ``agentledger.core.rollup_periods``), and
+which partial minutes (or, before that, partial hours) at the edges are scanned run by run."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import and_, bindparam, or_
 
-from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun
+from agentledger.core.rollup_periods import minute_of
+from agentledger.core.schema import (
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentOutcomeRollupMinute,
+    AgentRun,
+)
 from queries.common import TimeWindow
 
 DAY = 86400
 R = AgentOutcomeRollup.__table__.c
 H = AgentOutcomeRollupHour.__table__.c
+M = AgentOutcomeRollupMinute.__table__.c
 
 
 def _run_conditions(start, end, agent) -> list:
@@ -56,13 +64,15 @@ def midnight(moment: datetime) -> datetime:
 @dataclass(frozen=True)
 class Split:
     """A window as whole UTC days (the day rollup), whole UTC hours of its partial days (the
-    hour rollup) and partial hours at its edges (scanned: at most two hours of runs)."""
+    hour rollup), whole UTC minutes of its partial hours where the minute rollup keeps them,
+    and the partial minutes or hours left at its edges (scanned: at most two)."""
 
     first_day: date | None  # None: from the beginning
     end_day: date | None  # exclusive; None: to the end
     hours: tuple[tuple[datetime, datetime], ...]  # [start, end) ranges of whole hours
     edges: tuple[TimeWindow, ...]
     has_days: bool
+    minutes: tuple[tuple[datetime, datetime], ...] = ()  # [start, end) ranges of whole minutes
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -74,10 +84,17 @@ def ceil_hour(moment: datetime) -> datetime:
     return floor if floor == moment.astimezone(UTC) else floor + timedelta(hours=1)
 
 
-def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
-    """A bounded partial day as whole hours plus partial-hour edges."""
+def ceil_minute(moment: datetime) -> datetime:
+    floor = minute_of(moment)
+    return floor if floor == moment.astimezone(UTC) else floor + timedelta(minutes=1)
+
+
+def _split_by(part: TimeWindow, floor, ceil) -> tuple[list[tuple[datetime, datetime]],
+                                                       list[TimeWindow]]:
+    """A bounded part as whole periods (one range; ``floor``/``ceil`` round to the period)
+    plus the partial periods at its edges."""
     assert part.start is not None and part.end is not None, "a bounded window"
-    first, last = ceil_hour(part.start), floor_hour(part.end)
+    first, last = ceil(part.start), floor(part.end)
     if first >= last:
         return [], [part]
     edges = []
@@ -88,7 +105,31 @@ def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], lis
     return [(first, last)], edges
 
 
-def split_window(window: TimeWindow) -> Split:
+def _split_hours(part: TimeWindow) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
+    """A bounded partial day as whole hours plus partial-hour edges."""
+    return _split_by(part, floor_hour, ceil_hour)
+
+
+def _split_minutes(edges: list[TimeWindow], minutes_from: datetime | None
+                   ) -> tuple[list[tuple[datetime, datetime]], list[TimeWindow]]:
+    """The partial-hour edges that start at or after ``minutes_from`` (None: none do) as whole
+    minutes plus partial-minute edges; the others stay as they are."""
+    minutes: list[tuple[datetime, datetime]] = []
+    left: list[TimeWindow] = []
+    for edge in edges:
+        assert edge.start is not None
+        if minutes_from is None or edge.start < minutes_from:
+            left.append(edge)
+            continue
+        whole, partial = _split_by(edge, minute_of, ceil_minute)
+        minutes += whole
+        left += partial
+    return minutes, left
+
+
+def split_window(window: TimeWindow, *, minutes_from: datetime | None = None) -> Split:
+    """``window`` planned over the rollups; ``minutes_from``: the oldest moment the minute
+    rollup can be read from (``rollup_periods.minutes_readable_from``; None: not read)."""
     start, end = window.start, window.end
     first = None if start is None else midnight(start)
     if start is not None and first is not None and first != start.astimezone(UTC):
@@ -96,7 +137,8 @@ def split_window(window: TimeWindow) -> Split:
     last = None if end is None else midnight(end)
     if first is not None and last is not None and first >= last:
         hours, edges = _split_hours(window)
-        return Split(None, None, tuple(hours), tuple(edges), False)
+        minutes, edges = _split_minutes(edges, minutes_from)
+        return Split(None, None, tuple(hours), tuple(edges), False, tuple(minutes))
     partial_days = []
     if start is not None and first is not None and start.astimezone(UTC) < first:
         partial_days.append(TimeWindow(start, first))
@@ -108,8 +150,9 @@ def split_window(window: TimeWindow) -> Split:
         whole, partial = _split_hours(part)
         hours += whole
         edges += partial
+    minutes, edges = _split_minutes(edges, minutes_from)
     return Split(first.date() if first else None, last.date() if last else None,
-                  tuple(hours), tuple(edges), True)
+                  tuple(hours), tuple(edges), True, tuple(minutes))
 
 
 # A rollup read binds the window's bounds as parameters named as in ``rollup_params`` /
@@ -170,3 +213,23 @@ def hour_where(split: Split, agent_id: str | None, version: int | None = None) -
 
 def bound_hour_where(names: tuple[str, ...]) -> list:
     return _hour_conditions(dict.fromkeys(names), bound=True)
+
+
+def minute_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
+    values: dict = {"agent_id": agent_id, "agent_version": version}
+    for n, (start, end) in enumerate(split.minutes):
+        values[f"minute_from_{n}"], values[f"minute_to_{n}"] = start, end
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def bound_minute_where(names: tuple[str, ...]) -> list:
+    """The minute rollup rows of the split's whole minutes, with the bounds as parameters
+    named as in ``minute_params``."""
+    ranges = sum(1 for name in names if name.startswith("minute_from_"))
+    found = [or_(*(and_(M.minute >= bindparam(f"minute_from_{n}"),
+                        M.minute < bindparam(f"minute_to_{n}")) for n in range(ranges)))]
+    if "agent_id" in names:
+        found.append(M.agent_id == bindparam("agent_id"))
+    if "agent_version" in names:
+        found.append(M.agent_version == bindparam("agent_version"))
+    return found

@@ -60,6 +60,10 @@ from queries.chain_verification import verify_chains
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 INTERRUPT_REASONS = {"lease_expired", "parent_terminal", "service_restart", "executor_shutdown"}
 
+# Every bulk import of this module starts after this: the minute rollup's cut of each import
+# lies between the minutes kept then and when it is checked (support.rollup).
+IMPORTS_FROM = datetime.now(UTC)
+
 
 def s(seconds: float) -> datetime:
     return T + timedelta(seconds=seconds)
@@ -141,7 +145,7 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
         chain = event_hash(chain, parent.id, row.seq, row.type, row.data, row.created_at)
         assert row.hash == chain
     assert (p.last_event_seq, p.last_event_hash) == (8, chain)
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
     # imported runs are terminal: a live worker finds nothing to claim
     assert claim(db) == []
 
@@ -158,7 +162,7 @@ def test_import_into_an_existing_session_and_runs_without_a_session(agents):
     row = run_row(db, lone.id)
     assert (row.status, row.session_id, row.owner_id, row.started_at) == ("cancelled", None, "svc", None)
     assert [e.type for e in events(db, lone.id)] == ["run.queued", "run.cancelled"]
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 def h_thread(db, session_id):
@@ -214,7 +218,7 @@ def test_an_invalid_history_is_refused_and_writes_nothing(agents):
     with db.read(transaction=True) as session:
         assert session.execute(select(func.count()).select_from(ChatSession)).scalar_one() == sessions_before
         assert verify_chains(session).ok
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
@@ -250,7 +254,7 @@ def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
     assert 8 <= n_events / report.runs <= 12
     for run in runs[:40]:
         assert_run_invariants(db, run.id)
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 def _tree_shape(trees: list[ImportedRun]) -> list:
@@ -290,7 +294,7 @@ def test_a_synthetic_history_in_shares_is_its_seed_s_and_each_share_keeps_its_se
     assert sum(statuses.values()) == report.runs > 100
     assert set(statuses) == {"succeeded", "failed", "cancelled", "interrupted"}
     assert reasons == INTERRUPT_REASONS
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 def test_batches_are_built_with_the_cyclic_collector_paused_and_it_runs_again_after(agents):
@@ -348,11 +352,11 @@ def test_demo_seed_takes_the_bulk_path_for_large_n(db, monkeypatch):
     assert all(u["cost_usd"] > 0 for u in data["usage"])
     with db.read(transaction=True) as session:
         assert verify_chains(session).ok
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
     # and again: the agents are kept, the history grows
     assert demo.seed(Settings(database_url=db.url), runs=30, days=5, seed=3) == 30
     assert describe(db)["roots"] == 70
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 def _stored_shape(db) -> dict:
@@ -386,7 +390,7 @@ def _beside_one_process(db, tmp_path, start):
             one_process.dispose()
     with db.read(transaction=True) as session:
         assert verify_chains(session).ok
-    assert_rollup_matches_scan(db)
+    assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
 
 
 @pytest.mark.slow  # starts worker processes (spawned: about a second each)

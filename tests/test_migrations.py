@@ -4,6 +4,7 @@ old database upgraded with its history (the frozen backfill equals a scan of the
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -69,10 +70,51 @@ def test_a_status_change_without_its_event_is_refused(db, db_url):
 def test_an_old_database_upgrades_with_its_history_and_the_backfilled_rollup(db, db_url):
     random_lifecycles(db, random.Random(11), 30)
     before = assert_rollup_matches_scan(db)
+    upgraded_from = datetime.now(UTC)
     downgrade(db_url, "0006")
     assert current_revision(db_url) == "0006"
     upgrade(db_url)
     assert current_revision(db_url) != "0006"
     # 0007 rebuilt both rollups from the runs (frozen SQL, not today's write path); 0014 left
     # the runs' usage totals unrecorded (the outcome reads sum those runs' events)
-    assert assert_rollup_matches_scan(db, usage_recorded=False) == before
+    # (0017 backfilled the minute rollup with the minutes kept when it ran: none of these)
+    assert assert_rollup_matches_scan(db, usage_recorded=False,
+                                      imported_since=upgraded_from) == before
+
+
+def test_the_minute_rollup_is_backfilled_with_the_runs_of_the_minutes_kept(db, db_url):
+    from datetime import timedelta
+
+    from support.rollup import stored
+
+    from agentledger.core.schema import AgentRun
+
+    h.agent(db, "alpha")
+    chat = h.chat(db, owner="alice", agent_id="alpha")
+    now = datetime.now(UTC)
+    recent = []
+    for n, when in enumerate([now - timedelta(days=3), now - timedelta(hours=30),
+                              now - timedelta(hours=2), now - timedelta(hours=2, seconds=-20),
+                              now - timedelta(minutes=5)]):
+        run = h.ask(db, chat, "q", owner="alice", when=when).run_id
+        h.start(db, run, when + timedelta(seconds=1))
+        h.usage(db, run, when + timedelta(seconds=2), 10 + n, 2, 0.25)
+        if n % 2:
+            h.fail(db, run, when + timedelta(seconds=3))
+        else:
+            h.complete(db, run, when + timedelta(seconds=3), "a")
+        recent.append(run)
+    with db.write() as s:  # as if they ended before usage totals were recorded on the row
+        s.execute(sa.update(AgentRun).where(AgentRun.id == recent[2])
+                  .values(usage_input_tokens=None, usage_output_tokens=None, usage_cost_usd=None))
+    live = stored(db, "minute")
+    assert len(live) == 5  # the live path keeps every run's minute (each ended at once)
+
+    downgrade(db_url, "0016")
+    upgrade(db_url)
+    backfilled = stored(db, "minute")
+    # the run created three days ago is before the minutes kept; the others are as they were
+    assert set(backfilled) == set(live) - {k for k in live if k[2] < now - timedelta(days=2)}
+    assert len(backfilled) == 4
+    # the same sums, the NULLed run's usage read from its events
+    assert backfilled == {k: v for k, v in live.items() if k in backfilled}

@@ -12,7 +12,12 @@ from support import history as h
 from support.rollup import assert_rollup_matches_scan, stored
 
 from agentledger.core.outcome_histogram import EDGES, bucket_of, estimate_percentiles
-from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour
+from agentledger.core.rollup_periods import MINUTE_ROLLUP_KEPT, minute_of
+from agentledger.core.schema import (
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentOutcomeRollupMinute,
+)
 from ingest.rollup import ROLLUP_SHARDS, fold_shards, rebuild_rollup, rollup_shard
 from queries.agent_outcomes import agent_outcomes
 from queries.common import TimeWindow
@@ -74,12 +79,17 @@ def test_rollup_equals_full_scan_after_random_lifecycles(db):
     assert counted > 30
     statuses = {key[3] for key in stored(db)}
     assert statuses == {"succeeded", "failed", "cancelled", "interrupted"}
-    # rebuilding from the tables gives the same rows
-    before = stored(db)
+    # rebuilding from the tables gives the same rows; minutes only those kept at its "now"
+    before, before_minutes = stored(db), stored(db, "minute")
+    rebuilt_at = h.T0 + 3 * DAY
     with db.write() as s:
-        assert rebuild_rollup(s) == counted
+        assert rebuild_rollup(s, now=rebuilt_at) == counted
     assert set(stored(db)) == set(before)
-    assert assert_rollup_matches_scan(db) == counted
+    kept_from = rebuilt_at - MINUTE_ROLLUP_KEPT
+    assert assert_rollup_matches_scan(db, minutes_from=kept_from) == counted
+    minutes = stored(db, "minute")
+    assert minutes and all(minute >= minute_of(kept_from) for _a, _v, minute, _s in minutes)
+    assert len(minutes) < len(before_minutes)
 
 
 def test_queries_answer_from_the_rollup_like_a_scan(db):
@@ -358,7 +368,8 @@ def _shard_rows(db) -> dict[str, list[tuple]]:
     """Per table, (period, shard) of every stored row."""
     found = {}
     with db.read() as s:
-        for model, period in ((AgentOutcomeRollup, "day"), (AgentOutcomeRollupHour, "hour")):
+        for model, period in ((AgentOutcomeRollup, "day"), (AgentOutcomeRollupHour, "hour"),
+                              (AgentOutcomeRollupMinute, "minute")):
             table = model.__table__
             found[period] = [(r[period], r["shard"])
                              for r in s.execute(select(table)).mappings()]
@@ -379,7 +390,7 @@ def test_folding_shards_keeps_every_sum_and_every_answer(db):
         with db.read() as s:
             return [agent_outcomes(s, w).as_dict() for w in windows]
 
-    before, keys = answers(), {by: set(stored(db, by)) for by in ("day", "hour")}
+    before, keys = answers(), {by: set(stored(db, by)) for by in ("day", "hour", "minute")}
     unfolded = _unfolded(db)
     assert unfolded > 20
 
@@ -388,7 +399,7 @@ def test_folding_shards_keeps_every_sum_and_every_answer(db):
         folded = fold_shards(s, settled_before=middle)
     assert 0 < folded < unfolded
     assert _unfolded(db) == unfolded - folded
-    bounds = {"day": middle.date(), "hour": middle.replace(minute=0)}
+    bounds = {"day": middle.date(), "hour": middle.replace(minute=0), "minute": middle}
     for by, rows in _shard_rows(db).items():
         # what was over by then is one shard-0 row per key; the rest is as it was
         assert all(shard == 0 for period, shard in rows if period < bounds[by]), by
@@ -400,7 +411,7 @@ def test_folding_shards_keeps_every_sum_and_every_answer(db):
     with db.write() as s:
         assert fold_shards(s, settled_before=datetime.now(UTC) + DAY) == unfolded - folded
     assert _unfolded(db) == 0
-    for by in ("day", "hour"):
+    for by in ("day", "hour", "minute"):
         assert set(stored(db, by)) == keys[by]
         assert len(_shard_rows(db)[by]) == len(keys[by])  # one row per key
     assert_rollup_matches_scan(db)
@@ -425,7 +436,7 @@ def test_a_run_ending_after_its_hour_was_folded_is_counted_and_folded_later(db):
     assert_rollup_matches_scan(db)
     with db.write() as s:
         assert fold_shards(s, settled_before=h.T0 + 3 * DAY) == (
-            2 if rollup_shard(late) else 0)  # its day row and its hour row, unless shard 0
+            3 if rollup_shard(late) else 0)  # its day, hour and minute rows, unless shard 0
     assert_rollup_matches_scan(db)
     with db.read() as s:
         [version] = agent_outcomes(s, TimeWindow()).versions
@@ -487,7 +498,7 @@ def test_folding_in_small_steps_folds_the_oldest_first_and_ends_the_same(db):
     later = datetime.now(UTC) + DAY
     unfolded_hours = sorted(p for p, shard in _shard_rows(db)["hour"] if shard)
     with db.write() as s:
-        assert fold_shards(s, settled_before=later, limit=3) == 6  # three rows of each table
+        assert fold_shards(s, settled_before=later, limit=3) == 9  # three rows of each table
     left_hours = sorted(p for p, shard in _shard_rows(db)["hour"] if shard)
     assert left_hours == unfolded_hours[3:]  # the three oldest went (ties: any of them)
     assert min(left_hours) >= max(unfolded_hours[:3])
@@ -500,3 +511,74 @@ def test_folding_in_small_steps_folds_the_oldest_first_and_ends_the_same(db):
             break
     assert steps > 5 and _unfolded(db) == 0 and unfolded > 6
     assert_rollup_matches_scan(db)
+
+
+def test_a_window_is_planned_as_days_hours_kept_minutes_and_two_partial_minutes_at_most():
+    from queries.outcome_windows import split_window
+
+    at = datetime(2026, 11, 4, 9, 37, 20, tzinfo=UTC)
+    hour_long = TimeWindow(at, at + timedelta(hours=1))  # 09:37:20 to 10:37:20
+    # without the minute rollup: the whole window is two partial hours, scanned
+    assert split_window(hour_long).edges == (hour_long,)
+    kept = split_window(hour_long, minutes_from=at - DAY)
+    assert kept.hours == () and kept.minutes == (
+        (at.replace(minute=38, second=0), at.replace(hour=10, minute=37, second=0)),)
+    assert kept.edges == (TimeWindow(at, at.replace(minute=38, second=0)),
+                          TimeWindow(at.replace(hour=10, minute=37, second=0), hour_long.end))
+    # to the end: whole hours to midnight and beyond, the partial minute at the start
+    to_now = split_window(TimeWindow(at, None), minutes_from=at)
+    assert to_now.hours == ((at.replace(hour=10, minute=0, second=0),
+                             at.replace(hour=0, minute=0, second=0) + DAY),)
+    assert to_now.minutes == ((at.replace(minute=38, second=0), at.replace(hour=10, minute=0, second=0)),)
+    assert to_now.edges == (TimeWindow(at, at.replace(minute=38, second=0)),)
+    # a window starting before the minutes kept scans its first partial hour; its last
+    # partial hour, within them, is read by minute
+    long = TimeWindow(at - 3 * DAY, at)
+    split = split_window(long, minutes_from=at - DAY)
+    assert split.edges == (TimeWindow(long.start, at.replace(minute=0, second=0) - 3 * DAY + timedelta(hours=1)),
+                           TimeWindow(at.replace(second=0), at))
+    assert split.minutes == ((at.replace(minute=0, second=0), at.replace(second=0)),)
+    # whole minutes everywhere: nothing scanned
+    whole = split_window(TimeWindow(at.replace(second=0), at.replace(second=0) + timedelta(minutes=7)),
+                         minutes_from=at - DAY)
+    assert whole.edges == () and len(whole.minutes) == 1
+
+
+def test_windows_within_the_kept_minutes_read_the_minute_rollup_and_answer_as_scanned(db):
+    random_lifecycles(db, random.Random(23), 50)
+    starts = [h.T0 + timedelta(hours=5, minutes=17, seconds=23),
+              h.T0 + timedelta(days=1, minutes=41, seconds=7), h.T0 - timedelta(seconds=50)]
+    windows = [TimeWindow(starts[0], starts[1]), TimeWindow(starts[0], None),
+               TimeWindow(starts[2], starts[0]), TimeWindow(starts[1], starts[1] + timedelta(hours=1))]
+    reading_at = h.T0 + DAY  # the minute rollup is read for every window above
+    scanning_at = h.T0 + 30 * DAY  # it is read for none: partial hours are scanned
+
+    def answers(now):
+        with db.read() as s:
+            return _approx([agent_outcomes(s, w, now=now).as_dict() for w in windows])
+
+    # a run in the last partial hour of the first window (read by minute there, by hour in
+    # the second one, which goes on)
+    marked = starts[1] - timedelta(minutes=10)
+    h.answered(db, h.chat(db, owner="carol", agent_id="alpha"), "q", "a", owner="carol",
+               when=marked)
+    by_minute = answers(reading_at)
+    assert by_minute == answers(scanning_at)
+    assert sum(a["runs"] for w in by_minute for a in w["agents"]) > 40
+
+    # the minute rows are what the first answers read: the marked run's row inflated by
+    # 1,000 runs shows in them, only in the window that reads its minute, and not in the
+    # scanned answers
+    table = AgentOutcomeRollupMinute.__table__
+    with db.write() as s:
+        changed = s.execute(table.update().where(table.c.minute == minute_of(marked))
+                            .values(runs=table.c.runs + 1000))
+        assert changed.rowcount == 1
+    inflated = answers(reading_at)
+    assert _runs(inflated[0]) == _runs(by_minute[0]) + 1000
+    assert [_runs(a) for a in inflated[1:]] == [_runs(a) for a in by_minute[1:]]
+    assert answers(scanning_at) == by_minute
+
+
+def _runs(answer: dict) -> int:
+    return sum(a["runs"] for a in answer["agents"])

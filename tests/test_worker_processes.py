@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -332,30 +333,58 @@ def test_reconcile_once_interrupts_expired_leases_and_orphans(db_url, db, procs)
     assert types(db, orphan) == ["run.queued", "run.interrupted"]  # never started
 
 
-def test_reconcile_once_folds_the_rollup_shards_of_past_hours(db_url, db, procs):
+def test_reconcile_once_prunes_old_minutes_and_folds_the_rollup_shards_of_past_hours(
+        db_url, db, procs):
     from sqlalchemy import func, select
 
-    from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour
+    from agentledger.core.rollup_periods import minutes_kept_from
+    from agentledger.core.schema import (
+        AgentOutcomeRollup,
+        AgentOutcomeRollupHour,
+        AgentOutcomeRollupMinute,
+    )
+
+    def count(models, where) -> int:
+        with db.read() as s:
+            return sum(s.execute(select(func.count()).select_from(m).where(*where(m)))
+                       .scalar_one() for m in models)
 
     def unfolded() -> int:
-        with db.read() as s:
-            return sum(s.execute(select(func.count()).select_from(m)
-                                 .where(m.shard != 0)).scalar_one()
-                       for m in (AgentOutcomeRollup, AgentOutcomeRollupHour))
+        return count((AgentOutcomeRollup, AgentOutcomeRollupHour, AgentOutcomeRollupMinute),
+                     lambda m: (m.shard != 0,))
 
     h.agent(db, "alpha")
     chat = h.chat(db, owner="alice", agent_id="alpha")
-    for n in range(30):  # a month ago: days and hours that are over
+    for n in range(30):  # a month ago: days and hours that are over, minutes no longer kept
         h.answered(db, chat, "q", "a", owner="alice", when=h.at_seconds(n * 200))
+    recent = datetime.now(UTC) - timedelta(hours=40)  # a day that is over
+    for n in range(5):  # minutes kept
+        h.answered(db, chat, "q", "a", owner="alice", when=recent + timedelta(seconds=n * 20))
+    minute = AgentOutcomeRollupMinute
+    old_minutes = count((minute,), lambda m: (m.minute < recent - timedelta(days=1),))
+    old_shard_minutes = count((minute,), lambda m: (m.minute < recent - timedelta(days=1),
+                                                     m.shard != 0))
+    kept_minutes = {r.minute for r in _rows(db, minute) if r.minute >= recent - timedelta(minutes=1)}
     shard_rows = unfolded()
-    assert shard_rows > 0
+    assert shard_rows > old_shard_minutes > 0 and old_minutes > 0 and kept_minutes
     done = procs.run(["reconcile", "--once"], procs.environment(db_url))
     assert done.returncode == 0, done.stderr
-    assert f"folded {shard_rows} outcome rollup shard row(s)" in done.stdout
+    assert f"deleted {old_minutes} minute rollup row(s) older than the minutes kept" in done.stdout
+    assert f"folded {shard_rows - old_shard_minutes} outcome rollup shard row(s)" in done.stdout
     assert unfolded() == 0
-    assert assert_rollup_matches_scan(db) == 30
+    assert {r.minute for r in _rows(db, minute)} == kept_minutes  # one folded row each
+    assert assert_rollup_matches_scan(
+        db, minutes_from=minutes_kept_from(datetime.now(UTC))) == 35
     again = procs.run(["reconcile", "--once"], procs.environment(db_url))
     assert "interrupted 0 run(s) with expired leases, 0 orphaned" in again.stdout  # idempotent
+    assert "deleted 0 minute rollup row(s)" in again.stdout
+
+
+def _rows(db, model) -> list:
+    from sqlalchemy import select
+
+    with db.read() as s:
+        return list(s.execute(select(model.__table__)))
 
 
 def test_reconcile_loop_stops_on_sigterm(db_url, db, procs):

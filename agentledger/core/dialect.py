@@ -5,6 +5,7 @@ Upsert-or-ignore, row locks and skip-locked claims, the database clock, and noti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 from datetime import UTC, datetime
@@ -146,25 +147,50 @@ def upsert_adding(
     larger of the two (NULL meaning "none yet"). All rows must have the same columns and
     distinct keys. The row lock the upsert takes serialises concurrent writers of one key.
     """
-    if not rows:
+    upsert_adding_together(session, [(table, key_columns, rows)], least=least, greatest=greatest)
+
+
+# Pipeline mode needs libpq 14 or newer (psycopg's binary package ships one); with an older
+# system libpq the statements go one round trip each.
+_PIPELINES = psycopg.Pipeline.is_supported()
+
+
+def upsert_adding_together(
+    session: Session,
+    parts: list[tuple[Table, list[str], list[dict]]],
+    *,
+    least: tuple[str, ...] = (),
+    greatest: tuple[str, ...] = (),
+) -> None:
+    """``upsert_adding`` of several tables (``(table, key_columns, rows)`` each, in that order),
+    sent to PostgreSQL in one round trip: a pipeline, so a run's ending adds to its three
+    outcome rollups without waiting for each in turn."""
+    parts = [part for part in parts if part[2]]
+    if not parts:
         return
-    shape = (table, tuple(rows[0]), tuple(key_columns), least, greatest)
     if name(session) == "postgresql":
         # The statement is ~14 kB with ~150 parameters: psycopg re-parses a query that long on
         # every execution (it caches only short ones), which was most of a run end's CPU. Sent
         # already in PostgreSQL's $n form through a raw cursor, nothing is parsed client-side.
         # The values bypass SQLAlchemy's bind processing: these columns are numbers, text,
         # dates and aware datetimes, which psycopg adapts exactly as SQLAlchemy would pass them.
-        statement, order = _raw_adding_statement(*shape)
-        with psycopg.RawCursor(_driver_connection(session)) as cursor:
-            params = [tuple(row[column] for column in order) for row in rows]
-            if len(params) == 1:
-                cursor.execute(statement, params[0])
-            else:
-                cursor.executemany(statement, params)
+        connection = _driver_connection(session)
+        together = len(parts) > 1 and _PIPELINES
+        with connection.pipeline() if together else contextlib.nullcontext(), \
+                psycopg.RawCursor(connection) as cursor:
+            for table, key_columns, rows in parts:
+                statement, order = _raw_adding_statement(
+                    table, tuple(rows[0]), tuple(key_columns), least, greatest)
+                params = [tuple(row[column] for column in order) for row in rows]
+                if len(params) == 1:
+                    cursor.execute(statement, params[0])
+                else:
+                    cursor.executemany(statement, params)
         return
-    # executemany of one small statement: cheap to compile whatever the number of rows
-    session.execute(_adding_statement(name(session), *shape), rows)
+    for table, key_columns, rows in parts:
+        # executemany of one small statement: cheap to compile whatever the number of rows
+        session.execute(_adding_statement(name(session), table, tuple(rows[0]),
+                                          tuple(key_columns), least, greatest), rows)
 
 
 @functools.lru_cache(maxsize=64)

@@ -383,7 +383,27 @@ class AgentOutcomeRollupHour(_OutcomeMeasures, Base):
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
 
 
-for _table in (AgentOutcomeRollup.__table__, AgentOutcomeRollupHour.__table__):
+class AgentOutcomeRollupMinute(_OutcomeMeasures, Base):
+    """The same sums per UTC *minute* of creation, for the partial hours at a window's edges,
+    kept for the recent past only (``agentledger.core.rollup_periods``): a window starting
+    then scans runs of at most two partial minutes, however busy the hour it starts in."""
+
+    __tablename__ = "agent_outcome_rollup_minute"
+    __table_args__ = (
+        Index(None, "minute"),
+        Index("ix_agent_outcome_rollup_minute_unfolded", "minute",
+              sqlite_where=text("shard <> 0"), postgresql_where=text("shard <> 0")),
+    )
+
+    agent_id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    agent_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    minute: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default=text("0"))
+
+
+for _table in (AgentOutcomeRollup.__table__, AgentOutcomeRollupHour.__table__,
+               AgentOutcomeRollupMinute.__table__):
     for _column in (*LATENCY_COLUMNS, *WAIT_COLUMNS):
         _table.append_column(Column(_column, Integer, nullable=False, server_default=text("0")))
 del _table, _column

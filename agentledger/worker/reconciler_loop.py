@@ -4,7 +4,8 @@ Safe to run in any number of processes at once (``serve``, every ``worker``, or
 ``agentledger reconcile``): each run is handled in its own short transaction that re-checks the
 condition under the run's row lock. The loop also keeps the ledger's housekeeping going: event
 partitions made ahead, rate-limit windows pruned, quiet OTLP traces written, and the outcome
-rollups' shard rows of past hours and days folded (``ingest.rollup.fold_settled_shards``).
+rollups' shard rows of past periods folded (``ingest.rollup.fold_settled_shards``) and their
+minutes no longer kept deleted (``ingest.rollup.prune_minutes``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
@@ -26,7 +30,7 @@ from ingest.reconcile import (
     interrupt_if_orphaned,
     orphaned_child_run_ids,
 )
-from ingest.rollup import FOLD_BATCH, fold_settled_shards
+from ingest.rollup import FOLD_BATCH, PRUNE_BATCH, fold_settled_shards, prune_minutes
 
 log = logging.getLogger("agentledger.worker.reconciler_loop")
 # Partitions are made months ahead (db upgrade makes them too); hourly is plenty to never miss one.
@@ -68,17 +72,32 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
     return ReconcileResult(ended, orphaned)
 
 
-def fold_rollup_shards(db: Database) -> int:
-    """Fold the outcome rollups' shard rows of past hours and days, ``FOLD_BATCH`` rows of each
-    table per transaction (a long history, after an upgrade, is folded in short steps that
-    never hold the embedded database's single writer for long); returns the rows folded."""
-    folded = 0
+def _in_steps(db: Database, step: Callable[[Session], int], batch: int) -> int:
+    """``step`` in its own write transaction until it does less than ``batch`` rows (a long
+    backlog, after an upgrade, goes in short steps that never hold the embedded database's
+    single writer for long); returns the rows done."""
+    done = 0
     while True:
         with db.write() as s:
-            step = fold_settled_shards(s)
-        folded += step
-        if step < FOLD_BATCH:
-            break
+            rows = step(s)
+        done += rows
+        if rows < batch:
+            return done
+
+
+def prune_rollup_minutes(db: Database) -> int:
+    """Delete the minute rollup's rows older than the minutes kept, ``PRUNE_BATCH`` rows per
+    transaction; returns the rows deleted."""
+    pruned = _in_steps(db, prune_minutes, PRUNE_BATCH)
+    if pruned:
+        log.info("deleted %d minute rollup row(s) older than the minutes kept", pruned)
+    return pruned
+
+
+def fold_rollup_shards(db: Database) -> int:
+    """Fold the outcome rollups' shard rows of past days, hours and minutes, ``FOLD_BATCH``
+    rows of each table per transaction; returns the rows folded."""
+    folded = _in_steps(db, fold_settled_shards, FOLD_BATCH)
     if folded:
         log.info("folded %d outcome rollup shard row(s)", folded)
     return folded
@@ -114,10 +133,11 @@ class ReconcilerThread(threading.Thread):
                 log.exception("writing quiet OTLP traces failed; retrying next period")
             if folded is None or time.monotonic() - folded > FOLD_SECONDS:
                 try:
+                    prune_rollup_minutes(self.db)
                     fold_rollup_shards(self.db)
                     folded = time.monotonic()
                 except Exception:  # noqa: BLE001 - as above
-                    log.exception("folding outcome rollup shards failed; retrying next period")
+                    log.exception("pruning or folding the outcome rollups failed; retrying next period")
             self._stop_event.wait(self.interval)
 
     def stop(self) -> None:
@@ -138,6 +158,8 @@ def run_reconciler(settings: Settings, *, once: bool) -> int:
             result = reconcile_once(db)
             print(f"interrupted {result.lease_expired} run(s) with expired leases, "
                   f"{result.parent_terminal} orphaned child run(s)")
+            print(f"deleted {prune_rollup_minutes(db)} minute rollup row(s) older than the "
+                  "minutes kept")
             print(f"folded {fold_rollup_shards(db)} outcome rollup shard row(s)")
             return 0
         thread = ReconcilerThread(db, settings)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 
 from sqlalchemy import select
 
 from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
-from agentledger.core.schema import AgentOutcomeRollup, AgentOutcomeRollupHour, AgentRun, RunEvent
+from agentledger.core.rollup_periods import MINUTE_ROLLUP_KEPT, minute_of, minutes_kept_from
+from agentledger.core.schema import (
+    AgentOutcomeRollup,
+    AgentOutcomeRollupHour,
+    AgentOutcomeRollupMinute,
+    AgentRun,
+    RunEvent,
+)
 from agentledger.core.vocabulary import TERMINAL
 
 
@@ -21,12 +28,20 @@ def _empty() -> dict:
 def _period(moment, by: str):
     if by == "day":
         return moment.date()
+    if by == "minute":
+        return minute_of(moment)
     return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def scanned(db, by: str = "day") -> dict:
-    """{(agent, version, day or hour, status): sums} from every ended run, read straight from
-    the tables."""
+TABLES = {"day": AgentOutcomeRollup, "hour": AgentOutcomeRollupHour,
+          "minute": AgentOutcomeRollupMinute}
+
+
+def scanned(db, by: str = "day", *, minutes_from=None) -> dict:
+    """{(agent, version, day, hour or minute, status): sums} from every ended run, read
+    straight from the tables. By minute, only the runs the minute rollup keeps: created since
+    ``minutes_from`` (as a bulk import or a rebuild adds them), or (None) within
+    ``MINUTE_ROLLUP_KEPT`` before they ended (as the live path does)."""
     with db.read() as s:
         runs = s.execute(select(AgentRun.id, AgentRun.agent_id, AgentRun.agent_version,
                                 AgentRun.status, AgentRun.created_at, AgentRun.started_at,
@@ -38,6 +53,8 @@ def scanned(db, by: str = "day") -> dict:
             usage.setdefault(run_id, []).append(data)
     found: dict = {}
     for r in runs:
+        if by == "minute" and r.created_at < (minutes_from or r.finished_at - MINUTE_ROLLUP_KEPT):
+            continue
         row = found.setdefault((r.agent_id, r.agent_version, _period(r.created_at, by), r.status),
                                _empty())
         row["runs"] += 1
@@ -63,7 +80,7 @@ def scanned(db, by: str = "day") -> dict:
 
 
 def stored(db, by: str = "day") -> dict:
-    table = (AgentOutcomeRollup if by == "day" else AgentOutcomeRollupHour).__table__
+    table = TABLES[by].__table__
     with db.read() as s:
         rows = s.execute(select(table)).mappings().all()
     found: dict = {}
@@ -114,13 +131,26 @@ def assert_usage_totals_match_events(db, *, recorded: bool = True) -> int:
     return ended
 
 
-def assert_rollup_matches_scan(db, *, usage_recorded: bool = True) -> int:
-    """Both rollups (per day, per hour) against a scan: exact counts, tokens and histograms;
-    sums of floats to 1e-6; and every ended run's recorded usage totals against its events
-    (``assert_usage_totals_match_events``). Returns the runs counted."""
+def assert_rollup_matches_scan(db, *, usage_recorded: bool = True, minutes_from=None,
+                               imported_since: datetime | None = None) -> int:
+    """The rollups (per day, hour and minute) against a scan: exact counts, tokens and
+    histograms; sums of floats to 1e-6; and every ended run's recorded usage totals against
+    its events (``assert_usage_totals_match_events``). ``minutes_from``: as for ``scanned``.
+    ``imported_since``: the runs were bulk imported by calls made since then, whose minute
+    cut lies between the minutes kept then and now; the minutes between those two cuts are
+    left out of the comparison. Returns the runs counted."""
     assert_usage_totals_match_events(db, recorded=usage_recorded)
-    for by in ("day", "hour"):
-        expected, got = scanned(db, by), stored(db, by)
+    skipped: tuple = ()
+    if imported_since is not None:
+        earliest = minute_of(minutes_kept_from(imported_since))
+        minutes_from = minutes_kept_from(datetime.now(UTC))
+        skipped = (earliest, minute_of(minutes_from))
+    counted = 0
+    for by in ("minute", "hour", "day"):
+        expected, got = scanned(db, by, minutes_from=minutes_from), stored(db, by)
+        if by == "minute" and skipped:
+            expected, got = ({k: v for k, v in rows.items() if not skipped[0] <= k[2] <= skipped[1]}
+                             for rows in (expected, got))
         assert set(got) == set(expected), by
         for key, want in expected.items():
             have = got[key]
@@ -129,4 +159,5 @@ def assert_rollup_matches_scan(db, *, usage_recorded: bool = True) -> int:
                     assert abs(have[column] - value) <= 1e-6 * max(1.0, abs(value)), (by, key, column)
                 else:
                     assert have[column] == value, (by, key, column, have[column], value)
-    return sum(v["runs"] for v in expected.values())
+        counted = sum(v["runs"] for v in expected.values())
+    return counted
