@@ -126,7 +126,7 @@ class RollupBatch:
         concurrent writers lock in one order)."""
         parts = [(table, key_columns, rows) for (table, key_columns), rows
                  in zip(TABLES, (self.days, self.hours, self.minutes), strict=True)]
-        _upsert(session, [(table, key_columns, dict(rows)) for table, key_columns, rows in parts])
+        _upsert(session, parts)
         for _table, _key_columns, rows in parts:
             rows.clear()
 

@@ -47,12 +47,10 @@ from queries.outcome_windows import (
     M,
     R,
     Split,
-    bound_hour_where,
-    bound_minute_where,
+    bound_range_where,
     bound_rollup_where,
     bound_run_conditions,
-    hour_params,
-    minute_params,
+    range_params,
     rollup_params,
     run_params,
     split_window,
@@ -181,10 +179,11 @@ def _rollup_query(day_bound: tuple[str, ...] | None, hour_bound: tuple[str, ...]
     if day_bound is not None:
         parts.append(select(*(R[c] for c in _ROLLUP_COLUMNS)).where(*bound_rollup_where(day_bound)))
     if hour_bound is not None:
-        parts.append(select(*(H[c] for c in _ROLLUP_COLUMNS)).where(*bound_hour_where(hour_bound)))
+        parts.append(select(*(H[c] for c in _ROLLUP_COLUMNS))
+                     .where(*bound_range_where("hour", hour_bound)))
     if minute_bound is not None:
         parts.append(select(*(M[c] for c in _ROLLUP_COLUMNS))
-                     .where(*bound_minute_where(minute_bound)))
+                     .where(*bound_range_where("minute", minute_bound)))
     rows = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("rollup_rows").c
     columns, runs = _sums(rows)
     return (select(*columns)
@@ -205,11 +204,11 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
         day_bound = tuple(sorted(day_params))
         params.update(day_params)
     if split.hours:
-        hours = hour_params(split, agent_id)
+        hours = range_params(split, "hour", agent_id)
         hour_bound = tuple(sorted(hours))
         params.update(hours)
     if split.minutes:
-        minutes = minute_params(split, agent_id)
+        minutes = range_params(split, "minute", agent_id)
         minute_bound = tuple(sorted(minutes))
         params.update(minutes)
     if day_bound is None and hour_bound is None and minute_bound is None:

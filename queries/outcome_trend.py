@@ -25,8 +25,8 @@ from queries.outcome_windows import (
     R,
     ceil_hour,
     floor_hour,
-    hour_where,
     midnight,
+    range_where,
     rollup_where,
     run_conditions,
     split_window,
@@ -71,7 +71,7 @@ def outcome_trend(
     if split.hours:
         for hour, status, runs in session.execute(
             select(H.hour, H.status, func.sum(H.runs))
-            .where(*hour_where(split, agent_id, version))
+            .where(*range_where(split, "hour", agent_id, version))
             .group_by(H.hour, H.status)
         ):
             key = (int(midnight(hour).timestamp()), status)

@@ -10,7 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import and_, bindparam, or_
 
-from agentledger.core.rollup_periods import minute_of
+from agentledger.core.rollup_periods import hour_of, minute_of
 from agentledger.core.schema import (
     AgentOutcomeRollup,
     AgentOutcomeRollupHour,
@@ -75,18 +75,20 @@ class Split:
     minutes: tuple[tuple[datetime, datetime], ...] = ()  # [start, end) ranges of whole minutes
 
 
-def floor_hour(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+floor_hour = hour_of
+
+
+def _ceil(moment: datetime, floor, step: timedelta) -> datetime:
+    down = floor(moment)
+    return down if down == moment.astimezone(UTC) else down + step
 
 
 def ceil_hour(moment: datetime) -> datetime:
-    floor = floor_hour(moment)
-    return floor if floor == moment.astimezone(UTC) else floor + timedelta(hours=1)
+    return _ceil(moment, hour_of, timedelta(hours=1))
 
 
 def ceil_minute(moment: datetime) -> datetime:
-    floor = minute_of(moment)
-    return floor if floor == moment.astimezone(UTC) else floor + timedelta(minutes=1)
+    return _ceil(moment, minute_of, timedelta(minutes=1))
 
 
 def _split_by(part: TimeWindow, floor, ceil) -> tuple[list[tuple[datetime, datetime]],
@@ -156,8 +158,8 @@ def split_window(window: TimeWindow, *, minutes_from: datetime | None = None) ->
 
 
 # A rollup read binds the window's bounds as parameters named as in ``rollup_params`` /
-# ``hour_params``, so that one statement serves every window whose set bounds have the same
-# names (``bound_rollup_where`` / ``bound_hour_where``); the ``*_where`` forms inline them.
+# ``range_params``, so that one statement serves every window whose set bounds have the same
+# names (``bound_rollup_where`` / ``bound_range_where``); the ``*_where`` forms inline them.
 
 def rollup_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
     values = {"first_day": split.first_day, "end_day": split.end_day, "agent_id": agent_id,
@@ -185,51 +187,42 @@ def bound_rollup_where(names: tuple[str, ...]) -> list:
     return _day_conditions(dict.fromkeys(names), bound=True)
 
 
-def hour_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
+# The hour and minute rollups are read the same way: ranges of whole periods (``Split.hours``,
+# ``Split.minutes``), bound as ``<period>_from_<n>`` / ``<period>_to_<n>``.
+_PERIODS = {"hour": H, "minute": M}
+
+
+def range_params(split: Split, period: str, agent_id: str | None,
+                 version: int | None = None) -> dict:
+    """The parameters of ``bound_range_where(period, …)`` for the split's whole hours or
+    minutes (``period``: "hour" or "minute")."""
     values: dict = {"agent_id": agent_id, "agent_version": version}
-    for n, (start, end) in enumerate(split.hours):
-        values[f"hour_from_{n}"], values[f"hour_to_{n}"] = start, end
+    for n, (start, end) in enumerate(split.hours if period == "hour" else split.minutes):
+        values[f"{period}_from_{n}"], values[f"{period}_to_{n}"] = start, end
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _hour_conditions(values: dict, bound: bool) -> list:
+def _range_conditions(period: str, values: dict, bound: bool) -> list:
     def value(name: str):
         return bindparam(name) if bound else values[name]
 
-    ranges = sum(1 for name in values if name.startswith("hour_from_"))
-    found = [or_(*(and_(H.hour >= value(f"hour_from_{n}"), H.hour < value(f"hour_to_{n}"))
+    rows = _PERIODS[period]
+    column = rows[period]
+    ranges = sum(1 for name in values if name.startswith(f"{period}_from_"))
+    found = [or_(*(and_(column >= value(f"{period}_from_{n}"), column < value(f"{period}_to_{n}"))
                    for n in range(ranges)))]
     if "agent_id" in values:
-        found.append(H.agent_id == value("agent_id"))
+        found.append(rows.agent_id == value("agent_id"))
     if "agent_version" in values:
-        found.append(H.agent_version == value("agent_version"))
+        found.append(rows.agent_version == value("agent_version"))
     return found
 
 
-def hour_where(split: Split, agent_id: str | None, version: int | None = None) -> list:
-    """The hour rollup rows of the split's whole hours."""
-    return _hour_conditions(hour_params(split, agent_id, version), bound=False)
+def range_where(split: Split, period: str, agent_id: str | None,
+                version: int | None = None) -> list:
+    """The hour or minute rollup rows of the split's whole hours or minutes."""
+    return _range_conditions(period, range_params(split, period, agent_id, version), bound=False)
 
 
-def bound_hour_where(names: tuple[str, ...]) -> list:
-    return _hour_conditions(dict.fromkeys(names), bound=True)
-
-
-def minute_params(split: Split, agent_id: str | None, version: int | None = None) -> dict:
-    values: dict = {"agent_id": agent_id, "agent_version": version}
-    for n, (start, end) in enumerate(split.minutes):
-        values[f"minute_from_{n}"], values[f"minute_to_{n}"] = start, end
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def bound_minute_where(names: tuple[str, ...]) -> list:
-    """The minute rollup rows of the split's whole minutes, with the bounds as parameters
-    named as in ``minute_params``."""
-    ranges = sum(1 for name in names if name.startswith("minute_from_"))
-    found = [or_(*(and_(M.minute >= bindparam(f"minute_from_{n}"),
-                        M.minute < bindparam(f"minute_to_{n}")) for n in range(ranges)))]
-    if "agent_id" in names:
-        found.append(M.agent_id == bindparam("agent_id"))
-    if "agent_version" in names:
-        found.append(M.agent_version == bindparam("agent_version"))
-    return found
+def bound_range_where(period: str, names: tuple[str, ...]) -> list:
+    return _range_conditions(period, dict.fromkeys(names), bound=True)
