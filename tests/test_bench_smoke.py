@@ -112,6 +112,28 @@ def test_smoke_bench_on_sqlite(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_sqlite_peer_bench_writes_its_rows(tmp_path):
+    """``python -m bench.sqlite_peer``: the peer workload on a fresh SQLite file, its rows in a
+    Markdown and a JSON file of their own (``latest.md`` is the full PostgreSQL run's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.sqlite_peer", "--smoke", "--skip-peer",
+         "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    [written] = tmp_path.glob("sqlite-peer-*.json")
+    result = json.loads(written.read_text())
+    assert result["machine"]["database"] == "sqlite"
+    rows = {r["name"]: r for r in result["rows"]}
+    assert rows["one run end to end, concurrency 1 (p50)"]["project"] > 0
+    assert rows["trivial runs/s, concurrency 50"]["project"] > 0
+    assert rows["server CPU per trivial run, concurrency 50 (ms)"]["project"] > 0
+    assert not (tmp_path / "latest.md").exists()
+    assert "| trivial runs/s, concurrency 50 |" in written.with_suffix(".md").read_text()
+
+
+@pytest.mark.timeout(300)
 def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
     env["PYTHONWARNINGS"] = "ignore"

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -38,6 +38,7 @@ from agentledger.core.driver_read import DriverRead
 from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
+from agentledger.core.sqlite_writers import writer_turn, writer_turns
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
 PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
@@ -47,6 +48,7 @@ DEFAULT_REPLICA_RETRY_SECONDS = 5.0
 LAGGING_SECONDS = 1.0  # after a wait in vain, reads do not wait for the replica this long
 PING_AFTER_IDLE_SECONDS = 1.0  # a primary connection idle this long is pinged before use
 REPLICA_APPLICATION_NAME = "agentledger-replica-read"
+SINGLE_STATEMENT = "agentledger_single_statement"  # execution option: a SQLite read begins nothing
 
 log = logging.getLogger("agentledger.core.database")
 
@@ -81,6 +83,8 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection):
+        if connection.get_execution_options().get(SINGLE_STATEMENT):
+            return  # a statement alone is atomic: no BEGIN ... COMMIT around it
         # Writers take the write lock up front: no deadlock-prone lock upgrades, and the
         # transaction is the serialisation point that PostgreSQL gets from row locks.
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
@@ -316,6 +320,10 @@ class Database:
             if self.read_url and self.is_postgres else None
         )
         self._listeners: list[Callable[[str, str], None]] = []
+        # SQLite: this process's writers wait for their turn here rather than in SQLite's
+        # sleeping busy handler (``core.sqlite_writers``).
+        self._writer_turns = (None if self.is_postgres
+                              else writer_turns(sqlite_path(self.url) or self.url))
         # PostgreSQL: the server processes behind the write engine's connections, whose NOTIFYs
         # ``write`` also hands to this process's listeners after their commit.
         self._backend_pids: set[int] = set()
@@ -334,7 +342,8 @@ class Database:
         are handed to this process's listeners too, so waiters in the same process wake at once
         on either database (other processes hear them through PostgreSQL's NOTIFY).
         """
-        with Session(self.engine, expire_on_commit=False, autoflush=False) as session:
+        turn = nullcontext() if self._writer_turns is None else writer_turn(self._writer_turns)
+        with turn, Session(self.engine, expire_on_commit=False, autoflush=False) as session:
             if self.redactor.active:
                 session.info[REDACTOR_KEY] = self.redactor
             with session.begin():
@@ -470,7 +479,7 @@ class Database:
         On PostgreSQL it runs outside any transaction (autocommit), for the reads every request
         makes (who is calling). On the primary a statement with nothing for SQLAlchemy to
         convert runs on the pooled connection's driver (``core.driver_read``: half the CPU).
-        SQLite is in this process, so a transaction costs nothing there.
+        On SQLite it runs without a transaction too (``_single_statement_reads``).
         """
         return self._read_statement(stmt, params, one=True, fresh=False)
 
@@ -485,8 +494,8 @@ class Database:
             return result.one_or_none() if one else result.all()
 
         if not self.is_postgres:
-            with self.read() as session:
-                return rows_of(session.execute(stmt, params or {}))
+            with self._single_statement_reads.connect() as connection:
+                return rows_of(connection.execute(stmt, params or {}))
         connection = None
         if self.read_url is not None:
             connection = self._replica_connection(self._autocommit_read_engine, fresh=fresh)
@@ -518,6 +527,14 @@ class Database:
     @functools.cached_property
     def _autocommit_read_engine(self) -> Engine:
         return self.read_engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @functools.cached_property
+    def _single_statement_reads(self) -> Engine:
+        """SQLite: the read engine without the transaction its connections begin, for a read
+        that is one statement (SQLite reads it from one snapshot anyway); it saves the BEGIN
+        and COMMIT around each of a stream's page reads and each request's principal look-up.
+        """
+        return self.read_engine.execution_options(**{SINGLE_STATEMENT: True})
 
     @functools.cached_property
     def _autocommit_primary_engine(self) -> Engine:
