@@ -282,8 +282,9 @@ def run(url: str, workdir: Path, sizes: Sizes, *, skip_peer: bool = False,
                     f"≤ {CPU_GOAL_MS:g} ms", "n/a" if cpu is None else
                     ("pass" if cpu <= CPU_GOAL_MS else "miss"),
                     "user + system CPU of the serve process group (gunicorn workers with their "
-                    "in-process executor and reconciler) / runs completed; PostgreSQL's own "
-                    "CPU is not in it"))
+                    "in-process executor and reconciler) / runs completed; "
+                    + ("PostgreSQL's own CPU is not in it" if is_postgres(url) else
+                       "SQLite's work is in it (it runs in the serve process)")))
     raw = ledger.get(f"raw_runs_per_s_{n}")
     mine = ledger[f"runs_per_s_{n}"]
     ratio = round(mine / raw, 2) if raw else None
