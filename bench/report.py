@@ -53,7 +53,7 @@ def machine_info(url: str) -> dict[str, Any]:
     return info
 
 
-def fmt(value: Any) -> str:
+def _fmt(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -63,7 +63,14 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-MARKS = {"pass": "✅ pass", "miss": "❌ miss", "skipped": "skipped", "n/a": ""}
+_MARK = {"pass": "✅ pass", "miss": "❌ miss", "skipped": "skipped", "n/a": ""}
+
+
+def row_cells(row: dict[str, Any]) -> str:
+    """A result row's table cells: path, unit, project, raw / peer, ratio, target, result, note."""
+    return (f"{row['name']} | {row['unit']} | {_fmt(row['project'])} | {_fmt(row['raw'])} | "
+            f"{_fmt(row['ratio'])} | {row['target']} | {_MARK.get(row['status'], row['status'])} | "
+            f"{row['note']}")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -100,10 +107,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        lines.append(
-            f"| {row['section']} | {row['name']} | {row['unit']} | {fmt(row['project'])} | "
-            f"{fmt(row['raw'])} | {fmt(row['ratio'])} | {row['target']} | "
-            f"{MARKS.get(row['status'], row['status'])} | {row['note']} |")
+        lines.append(f"| {row['section']} | {row_cells(row)} |")
     reads = [r for r in result["rows"] if r["section"] == "reads"]
     if reads:
         lines += ["", "## Reads in detail (ms)", "",
@@ -112,14 +116,14 @@ def markdown(result: dict[str, Any]) -> str:
         for r in reads:
             def trio(key: str, d=r["detail"]) -> str:
                 x = d.get(key)
-                return " / ".join(fmt(x[p]) for p in ("p50", "p95", "p99")) if x else "—"
+                return " / ".join(_fmt(x[p]) for p in ("p50", "p95", "p99")) if x else "—"
             lines.append(f"| {r['name']} | {trio('queries')} | {trio('http')} | {trio('raw')} | "
                          f"{r['detail']['queries']['n']} |")
     passed = sum(r["status"] == "pass" for r in result["rows"])
     missed = [r for r in result["rows"] if r["status"] == "miss"]
     lines += ["", f"**Targets: {passed} pass, {len(missed)} miss.**"]
     for r in missed:
-        lines.append(f"- miss: {r['section']} / {r['name']}: {fmt(r['project'])} {r['unit']} "
+        lines.append(f"- miss: {r['section']} / {r['name']}: {_fmt(r['project'])} {r['unit']} "
                      f"(target {r['target']})")
     lines += ["", "Method: see `bench/__init__.py` (timing, sizes, what each path does).", ""]
     return "\n".join(lines)

@@ -79,11 +79,7 @@ def markdown(result: dict) -> str:
         "| path | unit | agentledger | LangGraph | ratio | target | result | note |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in result["rows"]:
-        lines.append(
-            f"| {row['name']} | {row['unit']} | {report.fmt(row['project'])} | "
-            f"{report.fmt(row['raw'])} | {report.fmt(row['ratio'])} | {row['target']} | "
-            f"{report.MARKS.get(row['status'], row['status'])} | {row['note']} |")
+    lines += [f"| {report.row_cells(row)} |" for row in result["rows"]]
     return "\n".join(lines) + "\n"
 
 

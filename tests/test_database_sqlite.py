@@ -92,8 +92,8 @@ def test_databases_on_the_same_file_share_the_turns(sqlite_url, tmp_path):
 
 def test_a_turn_not_granted_in_time_leaves_the_wait_to_sqlite(sqlite_db, monkeypatch):
     """A writer of this process that never gives its turn back (stuck) does not block the others
-    for ever: after WAIT_SECONDS they go on to BEGIN IMMEDIATE, as without the turns."""
-    monkeypatch.setattr(sqlite_writers, "WAIT_SECONDS", 0.2)
+    for ever: after BUSY_TIMEOUT_SECONDS they go on to BEGIN IMMEDIATE, as without the turns."""
+    monkeypatch.setattr(sqlite_writers, "BUSY_TIMEOUT_SECONDS", 0.2)
     sqlite_db._writer_turns.acquire()
     try:
         started = time.monotonic()

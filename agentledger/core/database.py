@@ -38,7 +38,7 @@ from agentledger.core.driver_read import DriverRead
 from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
-from agentledger.core.sqlite_writers import writer_turn, writer_turns
+from agentledger.core.sqlite_writers import BUSY_TIMEOUT_SECONDS, writer_turn, writer_turns
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
 PENDING_NOTIFICATIONS = "agentledger_pending_notifications"
@@ -66,7 +66,8 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     path = sqlite_path(url)
     if path is None:
         raise SystemExit("agentledger needs a SQLite file (sqlite:///path), not an in-memory database")
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_SECONDS,
+                                              "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):
@@ -74,7 +75,6 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         if read_only:

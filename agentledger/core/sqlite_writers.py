@@ -11,8 +11,8 @@ instead, before their ``BEGIN IMMEDIATE``, and the next one starts as soon as th
 ``docs/design.md``).
 
 Other processes writing the same file (a standalone worker, the CLI) still meet the busy
-handler, as before. A turn not granted within ``WAIT_SECONDS`` (as long as ``busy_timeout``)
-is not an error here: the transaction goes on to ``BEGIN IMMEDIATE`` and SQLite's own wait and
+handler, as before. A turn not granted within ``BUSY_TIMEOUT_SECONDS`` (the engines' busy
+timeout too) is not an error here: the transaction goes on to ``BEGIN IMMEDIATE`` and SQLite's own wait and
 "database is locked" apply, so a stuck writer in this process fails the others as it did.
 """
 
@@ -23,7 +23,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-WAIT_SECONDS = 30.0  # the engines' busy_timeout
+# How long a writer waits for the file: for its turn here, then in SQLite's busy handler (the
+# SQLite engines' ``timeout``).
+BUSY_TIMEOUT_SECONDS = 30.0
 
 _turns: dict[str, threading.Lock] = {}
 _turns_guard = threading.Lock()
@@ -39,7 +41,7 @@ def writer_turns(path: str) -> threading.Lock:
 @contextmanager
 def writer_turn(turns: threading.Lock) -> Iterator[None]:
     """This thread's turn to write, for as long as the block runs (its commit included)."""
-    granted = turns.acquire(timeout=WAIT_SECONDS)
+    granted = turns.acquire(timeout=BUSY_TIMEOUT_SECONDS)
     try:
         yield
     finally:
