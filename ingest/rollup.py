@@ -86,6 +86,19 @@ class RunOutcome:
         return (self.started_at - self.created_at).total_seconds()
 
 
+def _periods_of(outcome: RunOutcome, minutes_from: datetime | None) -> list[date]:
+    """The periods an ended run counts in, one per table of ``TABLES``: the UTC day and hour
+    of its creation, and its minute if it was created since ``minutes_from`` (None: no
+    minute)."""
+    if outcome.status not in TERMINAL:
+        raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
+    created = outcome.created_at
+    periods: list[date] = [day_of(created), hour_of(created)]
+    if minutes_from is not None and created >= minutes_from:
+        periods.append(minute_of(created))
+    return periods
+
+
 def _accumulate(row: OutcomeSums, outcome: RunOutcome) -> None:
     row.add_run(outcome.status, outcome.latency, outcome.wait)
     row.add_usage(outcome.input_tokens, outcome.output_tokens, outcome.cost_usd)
@@ -108,13 +121,8 @@ class RollupBatch:
         self.minutes: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
-        if outcome.status not in TERMINAL:
-            raise ValueError(f"only ended runs are rolled up, not {outcome.status}")
-        created = outcome.created_at
-        periods = [(self.days, day_of(created)), (self.hours, hour_of(created))]
-        if self.minutes_from is not None and created >= self.minutes_from:
-            periods.append((self.minutes, minute_of(created)))
-        for rows, period in periods:
+        periods = _periods_of(outcome, self.minutes_from)
+        for rows, period in zip((self.days, self.hours, self.minutes), periods, strict=False):
             key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
             row = rows.get(key)
             if row is None:
@@ -131,11 +139,27 @@ class RollupBatch:
             rows.clear()
 
 
+_LEAST = ("latency_min", "wait_min")
+_GREATEST = ("latency_max", "wait_max")
+
+
 def _upsert(session: Session, parts: list[tuple]) -> None:
     """``(table, key_columns, {key: sums})`` parts, added together."""
     dialect.upsert_adding_together(
         session, [(table, key_columns, _rows(key_columns, sums)) for table, key_columns, sums in parts],
-        least=("latency_min", "wait_min"), greatest=("latency_max", "wait_max"))
+        least=_LEAST, greatest=_GREATEST)
+
+
+def _scalars(row: OutcomeSums) -> dict:
+    """A rollup row's columns other than its key and its histograms."""
+    return dict(
+        runs=row.runs, latency_n=row.latency.n, latency_sum=float(row.latency.total),
+        wait_n=row.wait.n, wait_sum=float(row.wait.total), input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens, cost_usd=float(row.cost_usd),
+        runs_without_cost=row.runs_without_cost,
+        latency_min=row.latency.min, latency_max=row.latency.max,
+        wait_min=row.wait.min, wait_max=row.wait.max,
+    )
 
 
 def _rows(key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> list[dict]:
@@ -145,27 +169,38 @@ def _rows(key_columns: list[str], rows: dict[tuple, OutcomeSums]) -> list[dict]:
     for key in sorted(rows):
         row = rows[key]
         item = dict(zip(key_columns, key, strict=True))
-        item.update(
-            runs=row.runs, latency_n=row.latency.n, latency_sum=float(row.latency.total),
-            wait_n=row.wait.n, wait_sum=float(row.wait.total), input_tokens=row.input_tokens,
-            output_tokens=row.output_tokens, cost_usd=float(row.cost_usd),
-            runs_without_cost=row.runs_without_cost,
-            latency_min=row.latency.min, latency_max=row.latency.max,
-            wait_min=row.wait.min, wait_max=row.wait.max,
-        )
+        item.update(_scalars(row))
         item.update(zip(LATENCY_COLUMNS, row.latency.histogram, strict=True))
         item.update(zip(WAIT_COLUMNS, row.wait.histogram, strict=True))
         values.append(item)
     return values
 
 
+# A single run's latency and wait each count in one histogram bucket: its row names the
+# bucket, and the database writes the 1 and the zeros (``dialect.upsert_adding_one``).
+_ONE_HOT = (("latency_bucket", LATENCY_COLUMNS), ("wait_bucket", WAIT_COLUMNS))
+
+
 def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> None:
     """Add one ended run to the rollups (called by ``append_events`` in the ending transaction,
     with the run's ``rollup_shard``; its ending moment is the "now" the minute rollup keeps
-    runs from)."""
-    batch = RollupBatch(minutes_from=minutes_kept_from(outcome.finished_at))
-    batch.add(outcome, shard=shard)
-    batch.write(session)
+    runs from). The same sums as a ``RollupBatch`` of that one run, in one row per table."""
+    periods = _periods_of(outcome, minutes_kept_from(outcome.finished_at))
+    sums = OutcomeSums()
+    _accumulate(sums, outcome)
+    values = _scalars(sums)
+    values["latency_bucket"] = _the_bucket(sums.latency.histogram)
+    values["wait_bucket"] = _the_bucket(sums.wait.histogram)
+    parts = []
+    for (table, key_columns), period in zip(TABLES, periods, strict=False):
+        key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
+        parts.append((table, key_columns, {**dict(zip(key_columns, key, strict=True)), **values}))
+    dialect.upsert_adding_one(session, parts, one_hot=_ONE_HOT, least=_LEAST, greatest=_GREATEST)
+
+
+def _the_bucket(histogram: list[int]) -> int | None:
+    """The one bucket a single run's histogram counts in (None: no such duration)."""
+    return histogram.index(1) if any(histogram) else None
 
 
 def rebuild_rollup(session: Session, *, chunk: int = 5000, now: datetime | None = None) -> int:

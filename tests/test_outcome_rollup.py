@@ -582,3 +582,114 @@ def test_windows_within_the_kept_minutes_read_the_minute_rollup_and_answer_as_sc
 
 def _runs(answer: dict) -> int:
     return sum(a["runs"] for a in answer["agents"])
+
+
+def _rollup_rows(db, agent_id: str) -> dict:
+    """Every rollup row of ``agent_id``, per table, keyed without the agent."""
+    found = {}
+    with db.read() as s:
+        for model in (AgentOutcomeRollup, AgentOutcomeRollupHour, AgentOutcomeRollupMinute):
+            table = model.__table__
+            for row in s.execute(select(table).where(table.c.agent_id == agent_id)).mappings():
+                values = dict(row)
+                del values["agent_id"]
+                found[(table.name, *(values.pop(c) for c in ("agent_version", "status", "shard")),
+                       str(values.pop(next(c for c in ("day", "hour", "minute") if c in values))))] = values
+    return found
+
+
+def test_a_single_run_end_adds_what_a_batch_of_that_run_adds(db):
+    """``record_run_end`` (one row per table naming the histogram bucket) and a ``RollupBatch``
+    of the same run (every column written out) leave the same rows: new rows and rows added
+    to, started and never started runs, unknown costs, the last bucket, and a run created
+    before the kept minutes (no minute row)."""
+    from agentledger.core.rollup_periods import minutes_kept_from
+    from ingest.rollup import RollupBatch, RunOutcome, record_run_end
+
+    now = minute_of(datetime.now(UTC)) + timedelta(seconds=30)
+    outcomes = [
+        RunOutcome("single", 1, "succeeded", now - timedelta(seconds=9), now - timedelta(seconds=8),
+                   now, 120, 30, 0.002),
+        RunOutcome("single", 1, "succeeded", now - timedelta(seconds=65),
+                   now - timedelta(seconds=64.5), now, 7, 3, None),
+        RunOutcome("single", 1, "cancelled", now - timedelta(seconds=3), None, now),
+        RunOutcome("single", 2, "failed", now - timedelta(hours=9), now - timedelta(hours=8.9),
+                   now, 1, 1, 0.5),
+        RunOutcome("single", 2, "failed", now - 3 * DAY, now - 3 * DAY + timedelta(seconds=0.001),
+                   now, 0, 0, 0.0),
+    ]
+    for outcome in outcomes + outcomes[:2]:  # the last two add to rows that exist
+        with db.write() as s:
+            record_run_end(s, outcome, shard=3)
+        with db.write() as s:
+            batch = RollupBatch(minutes_from=minutes_kept_from(outcome.finished_at))
+            batch.add(RunOutcome("batch", *[getattr(outcome, f) for f in (
+                "agent_version", "status", "created_at", "started_at", "finished_at",
+                "input_tokens", "output_tokens", "cost_usd")]), shard=3)
+            batch.write(s)
+    single, batched = _rollup_rows(db, "single"), _rollup_rows(db, "batch")
+    assert single == batched
+    assert sum(1 for key in single if key[0] == "agent_outcome_rollup_minute") == 4
+    assert sum(row["runs"] for key, row in single.items() if key[0] == "agent_outcome_rollup") == 7
+    failed_hours = [row for key, row in single.items()
+                    if key[0] == "agent_outcome_rollup_hour" and key[1:3] == (2, "failed")]
+    assert sorted((row["latency_h63"], row["wait_h00"]) for row in failed_hours) == [(1, 0), (1, 1)]
+
+
+@pytest.mark.pg_only
+def test_a_run_end_locks_its_rollup_rows_coarsest_first(pg_db):
+    """One statement writes a run end's three rollup rows on PostgreSQL, and still takes their
+    locks day, hour, minute (the order imports and other endings use): while another
+    transaction holds the hour row, the ending holds the day row and has not touched the
+    minute row."""
+    import threading
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from ingest.rollup import RunOutcome, record_run_end
+
+    db = pg_db
+    now = datetime.now(UTC)
+    outcome = RunOutcome("locks", 1, "succeeded", now - timedelta(seconds=2),
+                         now - timedelta(seconds=1), now)
+    with db.write() as s:
+        record_run_end(s, outcome, shard=5)  # the three rows exist
+    url = make_url(db.url)
+    dsn = f"host={url.host} port={url.port or 5432} user={url.username} dbname={url.database}"
+    where = "agent_id = 'locks' AND shard = 5"
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn) as probe:
+        holder.execute(f"SELECT 1 FROM agent_outcome_rollup_hour WHERE {where} FOR UPDATE")
+        errors: list[BaseException] = []
+
+        def end() -> None:
+            try:
+                with db.write() as s:
+                    record_run_end(s, outcome, shard=5)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+        ending = threading.Thread(target=end)
+        ending.start()
+
+        def locked(table: str) -> bool:
+            try:
+                probe.execute(f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE NOWAIT")
+                return False
+            except psycopg.errors.LockNotAvailable:
+                return True
+            finally:
+                probe.rollback()
+
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while not locked("agent_outcome_rollup") and datetime.now(UTC) < deadline:
+            pass
+        assert locked("agent_outcome_rollup")
+        assert not locked("agent_outcome_rollup_minute")
+        holder.rollback()  # the ending goes on
+        ending.join(10)
+        assert not ending.is_alive() and errors == []
+    with db.read() as s:
+        runs = [s.execute(select(t.runs).where(t.agent_id == "locks")).scalar_one()
+                for t in (AgentOutcomeRollup, AgentOutcomeRollupHour, AgentOutcomeRollupMinute)]
+    assert runs == [2, 2, 2]

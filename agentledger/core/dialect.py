@@ -13,7 +13,19 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import sql
 from psycopg.copy import FileWriter
-from sqlalchemy import Select, Table, func, null, select, text, type_coerce
+from sqlalchemy import (
+    Integer,
+    Select,
+    Table,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    null,
+    select,
+    text,
+    type_coerce,
+)
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert
@@ -191,6 +203,93 @@ def upsert_adding_together(
         # executemany of one small statement: cheap to compile whatever the number of rows
         session.execute(_adding_statement(name(session), table, tuple(rows[0]),
                                           tuple(key_columns), least, greatest), rows)
+
+
+def upsert_adding_one(
+    session: Session,
+    parts: list[tuple[Table, list[str], dict]],
+    *,
+    one_hot: tuple[tuple[str, tuple[str, ...]], ...],
+    least: tuple[str, ...] = (),
+    greatest: tuple[str, ...] = (),
+) -> None:
+    """``upsert_adding_together`` of one row per table, with each group of ``one_hot``
+    columns given by one value: ``(name, columns)`` means the row has a ``name`` value (an
+    index into ``columns``, or None), and ``columns[name]`` counts 1, the others 0.
+
+    For a single ended run, whose latency and wait each fall in one histogram bucket: the
+    database writes the zeros, so a row of ~150 columns travels as ~20 values. On PostgreSQL
+    the tables' upserts are one statement (measured per run end, client CPU: 480-550 µs as a
+    pipeline of full rows, 300-360 as a pipeline of these, 130-165 as one statement)."""
+    shapes = tuple((table, tuple(row), tuple(key_columns)) for table, key_columns, row in parts)
+    if name(session) == "postgresql":
+        statement, order = _raw_one_hot_chain(shapes, one_hot, least, greatest)
+        values: dict = {}
+        for _table, _key_columns, row in parts:
+            values.update(row)  # the tables' rows differ only in their period column's name
+        with psycopg.RawCursor(_driver_connection(session)) as cursor:
+            # Prepared at once (psycopg would parse and plan it five times per connection
+            # first): planning this statement costs about as much as running it.
+            cursor.execute(statement, tuple(values[column] for column in order), prepare=True)
+        return
+    for (table, columns, key_columns), (_t, _k, row) in zip(shapes, parts, strict=True):
+        session.execute(_one_hot_statement(name(session), table, columns, key_columns,
+                                           one_hot, least, greatest), row)
+
+
+@functools.lru_cache(maxsize=16)
+def _raw_one_hot_chain(shapes: tuple[tuple[Table, tuple[str, ...], tuple[str, ...]], ...],
+                       one_hot: tuple[tuple[str, tuple[str, ...]], ...],
+                       least: tuple[str, ...], greatest: tuple[str, ...]
+                       ) -> tuple[bytes, tuple[str, ...]]:
+    """The upserts of ``shapes`` as one PostgreSQL statement, in ``$n`` form with the value
+    name of each ``$n`` (a name used by several tables or columns is one parameter).
+
+    Each upsert after the first is an ``INSERT … SELECT`` from the ``RETURNING`` of the one
+    before it (a CTE), so the tables' rows are locked in the order given, as the separate
+    statements locked them: concurrent run endings and imports keep one lock order."""
+    from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+
+    previous = None
+    stmt = None
+    for i, (table, columns, key_columns) in enumerate(shapes):
+        values = _one_hot_values(table, columns, one_hot)
+        base = _adding_statement("postgresql", table, tuple(values), key_columns, least, greatest)
+        if previous is None:
+            stmt = base.values(values)
+        else:
+            stmt = base.from_select(list(values), select(
+                *(expr.label(column) for column, expr in values.items())).select_from(previous))
+        previous = stmt.returning(literal_column("1")).cte(f"added_{i}")
+    assert stmt is not None
+    compiled = stmt.compile(dialect=psycopg_dialect.dialect(paramstyle="numeric_dollar"))
+    assert compiled.positiontup is not None
+    return str(compiled).encode(), tuple(compiled.positiontup)
+
+
+def _one_hot_values(table: Table, columns: tuple[str, ...],
+                    one_hot: tuple[tuple[str, tuple[str, ...]], ...]) -> dict:
+    """The inserted value of each column: its typed parameter, or for a one-hot column
+    ``CASE WHEN index = i THEN 1 ELSE 0 END`` (literals in the text: one parameter per group)."""
+    hot_names = {hot for hot, _ in one_hot}
+    values: dict = {column: bindparam(column, type_=table.c[column].type)
+                    for column in columns if column not in hot_names}
+    for hot, hot_columns in one_hot:
+        index = bindparam(hot, type_=Integer)
+        for i, column in enumerate(hot_columns):
+            values[column] = case((index == literal_column(str(i)), literal_column("1")),
+                                  else_=literal_column("0"))
+    return values
+
+
+@functools.lru_cache(maxsize=16)
+def _one_hot_statement(dialect_name: str, table: Table, columns: tuple[str, ...],
+                       key_columns: tuple[str, ...],
+                       one_hot: tuple[tuple[str, tuple[str, ...]], ...],
+                       least: tuple[str, ...], greatest: tuple[str, ...]):
+    values = _one_hot_values(table, columns, one_hot)
+    return _adding_statement(dialect_name, table, tuple(values), key_columns, least,
+                             greatest).values(values)
 
 
 @functools.lru_cache(maxsize=64)
