@@ -34,7 +34,9 @@ def machine_info(url: str) -> dict[str, Any]:
         info["git_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
             cwd=Path(__file__).parent, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+        # the bench's own result files do not make the measured code "uncommitted"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ":(top)",
+                                ":(top,exclude)bench/results"], capture_output=True, text=True,
                                cwd=Path(__file__).parent).stdout.strip()
         if dirty:
             info["git_commit"] += " (+ uncommitted changes)"
