@@ -693,3 +693,28 @@ def test_a_run_end_locks_its_rollup_rows_coarsest_first(pg_db):
         runs = [s.execute(select(t.runs).where(t.agent_id == "locks")).scalar_one()
                 for t in (AgentOutcomeRollup, AgentOutcomeRollupHour, AgentOutcomeRollupMinute)]
     assert runs == [2, 2, 2]
+
+
+@pytest.mark.pg_only
+def test_one_statement_refuses_rows_that_give_a_shared_value_twice(pg_db):
+    """The tables' upserts share their parameters by name in one statement: rows that disagree
+    on a shared column are refused before anything is sent, not written with one of them."""
+    from agentledger.core import dialect
+    from ingest.rollup import _GREATEST, _LEAST, _ONE_HOT, TABLES
+
+    now = datetime.now(UTC)
+    common = {"agent_version": 1, "status": "succeeded", "shard": 0, "latency_n": 0,
+              "latency_sum": 0.0, "wait_n": 0, "wait_sum": 0.0, "input_tokens": 0,
+              "output_tokens": 0, "cost_usd": 0.0, "runs_without_cost": 0, "latency_min": None,
+              "latency_max": None, "wait_min": None, "wait_max": None, "latency_bucket": None,
+              "wait_bucket": None}
+    (day, day_key), (hour, hour_key) = TABLES[0], TABLES[1]
+    parts = [(day, day_key, {"agent_id": "twice", "day": now.date(), "runs": 1, **common}),
+             (hour, hour_key, {"agent_id": "twice", "hour": now.replace(minute=0, second=0,
+                                                                      microsecond=0),
+                                "runs": 2, **common})]
+    with pg_db.write() as s, pytest.raises(ValueError, match="runs"):
+        dialect.upsert_adding_one(s, parts, one_hot=_ONE_HOT, least=_LEAST, greatest=_GREATEST)
+    with pg_db.read() as s:
+        assert s.execute(select(AgentOutcomeRollup.runs)
+                         .where(AgentOutcomeRollup.agent_id == "twice")).all() == []
