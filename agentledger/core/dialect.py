@@ -251,8 +251,6 @@ def _raw_one_hot_chain(shapes: tuple[tuple[Table, tuple[str, ...], tuple[str, ..
     Each upsert after the first is an ``INSERT … SELECT`` from the ``RETURNING`` of the one
     before it (a CTE), so the tables' rows are locked in the order given, as the separate
     statements locked them: concurrent run endings and imports keep one lock order."""
-    from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
-
     previous = None
     stmt = None
     for i, (table, columns, key_columns) in enumerate(shapes):
@@ -265,9 +263,7 @@ def _raw_one_hot_chain(shapes: tuple[tuple[Table, tuple[str, ...], tuple[str, ..
                 *(expr.label(column) for column, expr in values.items())).select_from(previous))
         previous = stmt.returning(literal_column("1")).cte(f"added_{i}")
     assert stmt is not None
-    compiled = stmt.compile(dialect=psycopg_dialect.dialect(paramstyle="numeric_dollar"))
-    assert compiled.positiontup is not None
-    return str(compiled).encode(), tuple(compiled.positiontup)
+    return _dollar_form(stmt)
 
 
 def _one_hot_values(table: Table, columns: tuple[str, ...],
@@ -300,11 +296,17 @@ def _raw_adding_statement(table: Table, columns: tuple[str, ...], key_columns: t
                           least: tuple[str, ...], greatest: tuple[str, ...]
                           ) -> tuple[bytes, tuple[str, ...]]:
     """The PostgreSQL upsert as text with ``$n`` parameters, and the column of each ``$n``."""
+    stmt = _adding_statement("postgresql", table, columns, key_columns, least, greatest)
+    return _dollar_form(stmt, column_keys=list(columns))
+
+
+def _dollar_form(stmt, *, column_keys: list[str] | None = None) -> tuple[bytes, tuple[str, ...]]:
+    """``stmt`` compiled for PostgreSQL in ``$n`` form (what a psycopg ``RawCursor`` sends
+    unparsed), and the parameter name of each ``$n``."""
     from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
-    stmt = _adding_statement("postgresql", table, columns, key_columns, least, greatest)
     compiled = stmt.compile(dialect=psycopg_dialect.dialect(paramstyle="numeric_dollar"),
-                            column_keys=list(columns))
+                            column_keys=column_keys)
     assert compiled.positiontup is not None
     return str(compiled).encode(), tuple(compiled.positiontup)
 
