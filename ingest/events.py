@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Integer, Text, bindparam, exists, func, insert, literal, select, update
+from sqlalchemy import Integer, Text, bindparam, exists, func, insert, literal, or_, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.database import execute, read_one
+from agentledger.core.database import execute, read_all, read_one
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
@@ -292,8 +292,10 @@ def _insert_events(session: Session, rows: list[tuple]) -> None:
 _ENDING_READS = {
     with_deltas: (select(RunEvent.type, RunEvent.data)
                   .where(RunEvent.run_id == bindparam("run_id"),
-                         RunEvent.type.in_(("usage", "message.delta") if with_deltas
-                                           else ("usage",)))
+                         # not an ``in_``: its list is expanded at every execution, which
+                         # keeps the read from the driver (``core.driver_read``)
+                         or_(*(RunEvent.type == t for t in (("usage", "message.delta")
+                                                            if with_deltas else ("usage",)))))
                   .order_by(RunEvent.seq))
     for with_deltas in (False, True)
 }
@@ -310,7 +312,7 @@ class _Stored:
 def _stored_for_ending(session: Session, run_id: str, with_deltas: bool) -> _Stored:
     found = _Stored()
     deltas = []
-    for event_type, data in execute(session, _ENDING_READS[with_deltas], {"run_id": run_id}):
+    for event_type, data in read_all(session, _ENDING_READS[with_deltas], {"run_id": run_id}):
         if event_type == "usage":
             found.usage.append(data)
         else:

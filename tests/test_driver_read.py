@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError
 from support.factories import make_agent, make_session, post
 
-from agentledger.core.database import read_one
+from agentledger.core.database import read_all, read_one
 from agentledger.core.driver_read import DriverRead
 from agentledger.core.schema import AgentRun, ApiToken
 from ingest.tokens import create_token, revoke_token
@@ -53,6 +53,39 @@ def test_a_statement_with_a_bind_conversion_is_left_to_sqlalchemy(pg_db):
     since = select(ApiToken.id).where(ApiToken.created_at >= bindparam("since"))  # UTCDateTime
     assert DriverRead.of(since, engine) is None
     assert DriverRead.of(text("SELECT 1"), engine) is None  # no typed result columns
+
+
+def test_a_statement_whose_sql_is_completed_at_execution_is_left_to_sqlalchemy(pg_db):
+    """An ``in_`` of a list is expanded into the SQL at each execution: compiled once for the
+    driver it would be sent with a placeholder psycopg cannot fill."""
+    run_id = _queued_run(pg_db)
+    listed = select(AgentRun.status).where(AgentRun.id.in_([run_id, "run_none"]))
+    assert DriverRead.of(listed, pg_db.primary_read_engine) is None
+    with pg_db.write() as s:
+        assert read_all(s, listed, {}) == [("queued",)]
+
+
+def test_the_stored_events_a_runs_ending_reads_come_through_the_driver_as_through_sqlalchemy(
+        pg_db):
+    from ingest.events import _ENDING_READS, append_events
+    from ingest.leases import claim_runs
+
+    run_id = _queued_run(pg_db)
+    with pg_db.write() as s:
+        assert [c.run_id for c in claim_runs(s, "worker-1")] == [run_id]
+        append_events(s, run_id, [("message.delta", {"text": "a"}),
+                                  ("usage", {"model": "m", "input_tokens": 3,
+                                             "output_tokens": 4, "cost_usd": 0.5}),
+                                  ("message.delta", {"text": "b"})])
+    for with_deltas, statement in _ENDING_READS.items():
+        assert DriverRead.of(statement, pg_db.engine) is not None  # the writes' engine
+        with pg_db.write() as s:
+            through_driver = read_all(s, statement, {"run_id": run_id})
+            expected = s.connection().execute(statement, {"run_id": run_id}).all()
+        assert [tuple(r) for r in through_driver] == [tuple(r) for r in expected]
+        assert [r[0] for r in through_driver] == (
+            ["message.delta", "usage", "message.delta"] if with_deltas else ["usage"])
+        assert through_driver[-1 if not with_deltas else 1][1]["input_tokens"] == 3
 
 
 def test_a_numeric_result_column_is_left_to_sqlalchemy(pg_db):

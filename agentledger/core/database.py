@@ -105,12 +105,26 @@ def read_one(session: Session, statement, params: dict):
     """The one row (or None) of a single-row read in the session's transaction; on PostgreSQL
     through the connection's driver when SQLAlchemy has nothing to convert in its parameters
     (``core.driver_read``: about half the CPU). For the locked-row read of every append."""
-    bind = session.get_bind()
-    if bind.dialect.name == "postgresql":
-        driver_read = DriverRead.of(statement, bind.dialect)
-        if driver_read is not None:
-            return driver_read.one_or_none_in(session, params)
+    driver_read = _driver_read_in(session, statement)
+    if driver_read is not None:
+        return driver_read.one_or_none_in(session, params)
     return execute(session, statement, params).one_or_none()
+
+
+def read_all(session: Session, statement, params: dict) -> list:
+    """Every row of a read in the session's transaction, as ``read_one`` reads it. For the
+    stored events a run's ending sums and joins."""
+    driver_read = _driver_read_in(session, statement)
+    if driver_read is not None:
+        return driver_read.all_in(session, params)
+    return list(execute(session, statement, params).all())
+
+
+def _driver_read_in(session: Session, statement) -> DriverRead | None:
+    bind = session.get_bind()
+    if bind.dialect.name != "postgresql":
+        return None
+    return DriverRead.of(statement, bind.dialect)
 
 
 def _track_backend_pids(engine: Engine, pids: set[int]) -> None:

@@ -9,11 +9,12 @@ per-execution bookkeeping (execution context, result metadata, events). Here a s
 compiled once per dialect; its result columns are converted with the same result processors
 SQLAlchemy would apply (``UTCDateTime``'s); a statement with a bind processor, or with a numeric
 result column (whose conversion SQLAlchemy chooses by the type the server reports for each
-result), is refused (``DriverRead.of`` returns None) and the caller runs it the usual way.
+result), is refused (``DriverRead.of`` returns None) and the caller runs it the usual way, as is one
+whose SQL SQLAlchemy completes at each execution (an ``in_`` of a list).
 
 ``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the
-pool's checkout checks, such as the ping after idle, apply); ``one_or_none_in`` reads inside a
-session's transaction, on its connection. A connection a failure broke is invalidated, and the
+pool's checkout checks, such as the ping after idle, apply); ``one_or_none_in`` and ``all_in``
+read inside a session's transaction, on its connection. A connection a failure broke is invalidated, and the
 error is raised as SQLAlchemy's ``DBAPIError``, as a statement run through SQLAlchemy would
 raise it. SQLAlchemy's cursor events do not see these statements.
 """
@@ -75,6 +76,8 @@ class DriverRead:
     @classmethod
     def _compile(cls, stmt, dialect) -> DriverRead | None:
         compiled = stmt.compile(dialect=dialect)
+        if compiled.post_compile_params or compiled.literal_execute_params:
+            return None  # expanded into the SQL at each execution (``in_`` of a list)
         if any(b.type._cached_bind_processor(dialect) is not None
                for b in compiled.binds.values()):
             return None
@@ -126,14 +129,21 @@ class DriverRead:
 
     def one_or_none_in(self, session: Session, params: dict | None):
         """The statement's single row (a named tuple) or None, in ``session``'s transaction."""
+        return self._row(self._in_transaction(session, params, psycopg.Cursor.fetchone))
+
+    def all_in(self, session: Session, params: dict | None) -> list:
+        """Every row of the statement (named tuples), in ``session``'s transaction."""
+        return [self._row(found)
+                for found in self._in_transaction(session, params, psycopg.Cursor.fetchall)]
+
+    def _in_transaction(self, session: Session, params: dict | None, fetch):
         values = self.compiled.construct_params(params or {})
         fairy = session.connection().connection
         driver = _psycopg(fairy)
         try:
-            found = driver.execute(self.sql, values).fetchone()
+            return fetch(driver.execute(self.sql, values))
         except psycopg.Error as exc:
             raise self._failed(fairy, driver, values, exc) from exc
-        return self._row(found)
 
     def _failed(self, fairy, driver: psycopg.Connection, values: dict,
                 exc: psycopg.Error) -> Exception:
