@@ -13,6 +13,15 @@ terminal event: ``POST /api/sessions/{id}/messages`` then ``GET …/events`` (SS
 ``POST /threads/{id}/runs/stream`` for LangGraph. Each client has its own session / thread
 (both servers run one run at a time per thread) and a keep-alive HTTP session. Latency at
 concurrency 1 over ``peer_single`` runs; runs/s at 10 and 50 clients over ``peer_seconds``.
+
+On PostgreSQL each runs/s phase (and the raw lifecycle) starts after ``VACUUM ANALYZE`` of the
+fresh database, as every bench phase starts from the state autovacuum keeps a database in. A
+database that has never been analyzed has no statistics: the plans its connections prepare
+while its tables are tiny are kept (psycopg prepares a statement after its fifth execution) and
+serve a table grown a thousand times. Measured here without it, on a server with autovacuum off:
+the event stream's read walked every run of its owner (an index on ``owner_id`` tied with the
+primary key on an empty table), and PostgreSQL's CPU per run went from 5.9 to 10.2 ms within a
+minute at 50 clients.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from pathlib import Path
 import requests
 
 from agentledger.core.database import Database
-from bench import baseline
+from bench import baseline, dataset
 from bench.common import (
     BENCH_AGENT,
     Row,
@@ -192,9 +201,10 @@ class LedgerClient:
             _drain(reply, b"event: run.completed")
 
 
-def _measure(label: str, make_client, sizes: Sizes, cpu_seconds=None) -> dict:
+def _measure(label: str, make_client, sizes: Sizes, cpu_seconds=None, settle=None) -> dict:
     """Latency at concurrency 1, runs/s at each of ``CONCURRENCY``; with ``cpu_seconds`` (the
-    server's CPU so far), the server's CPU per run at each concurrency too."""
+    server's CPU so far), the server's CPU per run at each concurrency too; ``settle`` runs
+    before each runs/s phase (the database's vacuum and statistics)."""
     log(f"peer workload on {label}: {sizes.peer_single} runs at concurrency 1")
     client = make_client()
     samples = []
@@ -207,6 +217,8 @@ def _measure(label: str, make_client, sizes: Sizes, cpu_seconds=None) -> dict:
     for n in CONCURRENCY:
         log(f"peer workload on {label}: {n} clients for {sizes.peer_seconds}s")
         clients = [make_client() for _ in range(n)]
+        if settle is not None:
+            settle()
         cpu_before = cpu_seconds() if cpu_seconds else None
         phase = run_clients([c.run for c in clients], sizes.peer_seconds)
         if cpu_seconds and phase.ops:
@@ -318,11 +330,12 @@ def _ledger(url: str, workdir: Path, sizes: Sizes, workers: int) -> dict:
         user = token(db, "peer-user", "user")
         with Server(peer_url, workdir, worker=True, threads=160, concurrency=10, name="peer", workers=workers) as srv:
             found = _measure("agentledger", lambda: LedgerClient(srv.base_url, user), sizes,
-                             srv.cpu_seconds)
+                             srv.cpu_seconds, lambda: dataset.analyze(peer_url))
         if is_postgres(url):  # the same lifecycle as minimal SQL, once the server has stopped
             n = CONCURRENCY[-1]
             log(f"trivial lifecycle: {n} raw psycopg clients")
             clients = raw_clients(db, n, baseline.RawLifecycle, "bench-raw-life")
+            dataset.analyze(peer_url)
             try:
                 found[f"raw_runs_per_s_{n}"] = run_clients([c.live_one for c in clients],
                                                            sizes.peer_seconds).rate
