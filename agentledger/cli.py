@@ -35,9 +35,13 @@ def record(*args, **kwargs):
 def cmd_db_upgrade(args, settings: Settings) -> int:
     from agentledger.agent_kinds.storage import setup_framework_storage
     from agentledger.core.migrate import current_revision, ensure_event_partitions, upgrade
+    from agentledger.core.server_checks import maintenance_warning
 
     upgrade(settings.database_url)
     print(f"database at revision {current_revision(settings.database_url)}")
+    warning = maintenance_warning(settings.database_url)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     created = ensure_event_partitions(settings.database_url)
     if created:
         print(f"run_event partitions created: {', '.join(created)}")

@@ -210,6 +210,11 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
         raise SystemExit("--workers and --threads must be at least 1")
     _prepare_metrics_dir()
     upgrade(settings.database_url)
+    from agentledger.core.server_checks import maintenance_warning
+
+    warning = maintenance_warning(settings.database_url)
+    if warning:
+        log.warning(warning)
     from agentledger.agent_kinds.storage import setup_framework_storage
 
     setup_framework_storage(settings.database_url)
