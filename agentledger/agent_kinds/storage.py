@@ -19,12 +19,11 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 
 from agentledger.core.config import sqlite_path
-from agentledger.core.database import normalize_url
+from agentledger.core.database import backend_name, normalize_url, one_off_connection
 
 SDK_SESSIONS_TABLE = "agent_sessions"
 SDK_MESSAGES_TABLE = "agent_messages"
@@ -49,16 +48,12 @@ def openai_agents_installed() -> bool:
 
 def _has_tables(url: str, *names: str) -> bool:
     """Whether the ledger database already holds every one of ``names`` (an inspection only)."""
-    engine = create_engine(normalize_url(url), poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            return set(names) <= set(inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
+    with one_off_connection(url) as conn:
+        return set(names) <= set(inspect(conn).get_table_names())
 
 
 def _is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
+    return backend_name(url) == "sqlite"
 
 
 def _libpq(url: str) -> str:

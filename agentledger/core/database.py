@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from agentledger.core.config import sqlite_path
 from agentledger.core.driver_read import DriverRead
@@ -60,6 +61,24 @@ def normalize_url(url: str) -> str:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
+
+
+@contextmanager
+def one_off_connection(url: str, *, begin: bool = False) -> Iterator[Connection]:
+    """One connection to ``url`` for a command's single job (a migration, an inspection, a
+    settings check), closed with its engine afterwards; ``begin``: inside a transaction that
+    commits when the block ends."""
+    engine = create_engine(normalize_url(url), poolclass=NullPool)
+    try:
+        with engine.begin() if begin else engine.connect() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def backend_name(url: str) -> str:
+    """``postgresql`` or ``sqlite`` for a URL in any form ``normalize_url`` accepts."""
+    return make_url(normalize_url(url)).get_backend_name()
 
 
 def _sqlite_engine(url: str, *, read_only: bool) -> Engine:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine
 
-from agentledger.core.database import normalize_url
+from agentledger.core.database import normalize_url, one_off_connection
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -22,13 +21,9 @@ def alembic_config(url: str) -> Config:
 
 def _run(url: str, step, revision: str) -> None:
     cfg = alembic_config(url)
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.begin() as connection:
-            cfg.attributes["connection"] = connection
-            step(cfg, revision)
-    finally:
-        engine.dispose()
+    with one_off_connection(url, begin=True) as connection:
+        cfg.attributes["connection"] = connection
+        step(cfg, revision)
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -40,12 +35,8 @@ def ensure_event_partitions(url: str) -> list[str]:
     """PostgreSQL: make this month's and the coming months' ``run_event`` partitions."""
     from agentledger.core.event_partitions import ensure_partitions
 
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.begin() as connection:
-            return ensure_partitions(connection)
-    finally:
-        engine.dispose()
+    with one_off_connection(url, begin=True) as connection:
+        return ensure_partitions(connection)
 
 
 def downgrade(url: str, revision: str) -> None:
@@ -56,9 +47,5 @@ def downgrade(url: str, revision: str) -> None:
 def current_revision(url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
-    finally:
-        engine.dispose()
+    with one_off_connection(url) as connection:
+        return MigrationContext.configure(connection).get_current_revision()

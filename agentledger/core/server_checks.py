@@ -10,9 +10,9 @@ found in a profile.
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
-from agentledger.core.database import normalize_url
+from agentledger.core.database import backend_name, one_off_connection
 
 MAINTENANCE_SETTINGS = ("autovacuum", "track_counts")
 AUTOVACUUM_DOC = "docs/operations.md#postgresql-keep-autovacuum-on"
@@ -20,17 +20,12 @@ AUTOVACUUM_DOC = "docs/operations.md#postgresql-keep-autovacuum-on"
 
 def settings_turned_off(url: str) -> list[str]:
     """The maintenance settings the server has off (none on SQLite, which has no such thing)."""
-    url = normalize_url(url)
-    if not url.startswith("postgresql"):
+    if backend_name(url) != "postgresql":
         return []
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = connection.execute(
-                text("SELECT name, setting FROM pg_settings WHERE name = ANY(:names)"),
-                {"names": list(MAINTENANCE_SETTINGS)}).all()
-    finally:
-        engine.dispose()
+    with one_off_connection(url) as connection:
+        rows = connection.execute(
+            text("SELECT name, setting FROM pg_settings WHERE name = ANY(:names)"),
+            {"names": list(MAINTENANCE_SETTINGS)}).all()
     found: dict[str, str] = {name: setting for name, setting in rows}
     return [name for name in MAINTENANCE_SETTINGS if found.get(name) == "off"]
 
