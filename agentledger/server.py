@@ -24,6 +24,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import ThreadWorker
 
+from agentledger.connection_balance import ABSENT, ConnectionCounts
 from agentledger.core.config import Settings
 from agentledger.process_tuning import tune_for_long_running_process
 
@@ -31,7 +32,7 @@ log = logging.getLogger("agentledger.server")
 
 # gunicorn refuses longer request lines and headers before the app is asked. Its limits sit
 # above what the app accepts (agentledger.web.request_limits), so that the app answers such
-# requests in JSON; beyond them, JsonErrorThreadWorker answers in JSON too. 8190 is the longest
+# requests in JSON; beyond them, ServeWorker answers in JSON too. 8190 is the longest
 # request line gunicorn allows short of "unlimited".
 LIMIT_REQUEST_LINE = 8_190
 LIMIT_REQUEST_FIELDS = 200
@@ -57,9 +58,50 @@ def _refusal(exc: BaseException) -> tuple[int, str, str, str]:
     return 500, "Internal Server Error", "internal_error", "the server failed; the error was logged"
 
 
-class JsonErrorThreadWorker(ThreadWorker):
-    """gunicorn's threaded worker whose own refusals (request line or headers too large,
-    malformed HTTP) carry the JSON error envelope instead of an HTML page."""
+class ServeWorker(ThreadWorker):
+    """gunicorn's threaded worker, with two changes: its own refusals (request line or headers
+    too large, malformed HTTP) carry the JSON error envelope instead of an HTML page, and a new
+    connection goes to the worker that holds the fewest (``agentledger.connection_balance``)."""
+
+    # -- least-connections accepts ------------------------------------------------------------
+
+    def _counts(self) -> ConnectionCounts | None:
+        return getattr(self.app, "connection_counts", None)
+
+    def publish_connection_count(self) -> None:
+        counts = self._counts()
+        if counts is not None:
+            counts.publish(self.slot, self.nr_conns if self.alive else ABSENT)
+
+    @property
+    def slot(self) -> int:
+        return getattr(self, "agentledger_slot", 0)
+
+    def accept(self, server, listener):
+        counts = self._counts()
+        if counts is not None and counts.leave_to_another(self.slot, self.nr_conns, listener):
+            return
+        super().accept(server, listener)
+        self.publish_connection_count()
+
+    def finish_request(self, fs):
+        super().finish_request(fs)  # a connection closed, or went back to the keep-alive set
+        self.publish_connection_count()
+
+    def notify(self):
+        super().notify()  # at every turn of the worker's loop: idle connections it closed
+        self.publish_connection_count()
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        self.publish_connection_count()
+
+    def handle_quit(self, sig, frame):
+        self.alive = False
+        self.publish_connection_count()
+        super().handle_quit(sig, frame)
+
+    # -- JSON refusals ------------------------------------------------------------------------
 
     def handle_error(self, req, client, addr, exc):
         from agentledger.web.request_limits import json_error_bytes
@@ -121,6 +163,8 @@ class _Gunicorn(BaseApplication):
         self.run_reconciler = run_reconciler
         self.port = port
         self.concurrency = concurrency
+        # Created here, in the master, so that every worker it forks shares it.
+        self.connection_counts = ConnectionCounts(options["workers"])
         super().__init__()
 
     def load_config(self) -> None:
@@ -160,12 +204,16 @@ class _Gunicorn(BaseApplication):
             reconciler = ReconcilerThread(state.db, self.settings)
             reconciler.start()
         worker.agentledger_background = (executor, reconciler)
+        worker.publish_connection_count()  # from now on new connections may be left to it
+        log.info("HTTP worker %d ready (slot %d)", os.getpid(), worker.slot)
 
-    # Runs in the master when a worker has exited: its open-stream gauge no longer counts.
+    # Runs in the master when a worker has exited: its open-stream gauge no longer counts, and
+    # neither do its connections (it may have died without saying so).
     def _child_exit(self, server, worker) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+        self.connection_counts.leave(getattr(worker, "agentledger_slot", 0))
 
     def _worker_exit(self, server, worker) -> None:
         executor, reconciler = getattr(worker, "agentledger_background", (None, None))
@@ -233,7 +281,7 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
     options = {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": JsonErrorThreadWorker,
+        "worker_class": ServeWorker,
         "threads": threads,
         "timeout": 60,
         "graceful_timeout": 10,

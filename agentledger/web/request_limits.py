@@ -5,7 +5,7 @@ Two layers refuse them. The app (a ``before_request`` hook, for every path) answ
 for more than ``MAX_HEADER_FIELDS`` header fields or one over ``MAX_HEADER_FIELD_BYTES``.
 gunicorn's own limits (agentledger.server) sit above these, so the app sees and answers such
 requests itself; what is larger still, gunicorn refuses before any app runs, and
-``JsonErrorThreadWorker`` writes that refusal in the same envelope.
+``agentledger.server.ServeWorker`` writes that refusal in the same envelope.
 """
 
 from __future__ import annotations
