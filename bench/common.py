@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -303,6 +304,7 @@ class Server:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}-{self.port}.log"
+        self.workers = workers
         args = [sys.executable, "-m", "agentledger.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(self.port), "--threads", str(threads), "--workers", str(workers),
                 "--concurrency", str(concurrency)]
@@ -330,13 +332,19 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agentledger serve exited:\n{self.log_path.read_text()[-3000:]}")
             try:
-                if requests.get(f"{self.base_url}/api/health", timeout=2).status_code == 200:
+                # Every worker ready, not only the first: a keep-alive connection opened before
+                # the others have started stays with the one that took it.
+                if requests.get(f"{self.base_url}/api/health", timeout=2).status_code == 200 \
+                        and self.ready_workers() >= self.workers:
                     return self
             except requests.RequestException:
                 pass
             time.sleep(0.1)
         self.__exit__()
         raise RuntimeError(f"agentledger serve did not answer:\n{self.log_path.read_text()[-3000:]}")
+
+    def ready_workers(self) -> int:
+        return len(re.findall(r"HTTP worker \d+ ready", self.log_path.read_text(errors="replace")))
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
