@@ -4,8 +4,8 @@ gunicorn's workers share one listening socket, and whichever worker's loop wakes
 a new connection; a keep-alive connection then stays with that worker for its whole life. A few
 long-lived clients (a reverse proxy's upstream pool, an SDK's connection pool, a load test) thus
 often all land on one worker while the others sit idle: with 2 workers and 4 keep-alive clients
-opened one after another, 7 of 8 tries split them 4/0 or 3/1, and the clients created 340-380
-runs/s on a 4/0 split against 460-630 on a 3/1 one (one worker is one core's worth of Python).
+opened one after another, all 8 tries split them 4/0 or 3/1, and the clients created 344-384
+runs/s on a 4/0 split against 460-628 on a 3/1 one (one worker is one core's worth of Python).
 
 So every worker publishes how many connections it holds in a small array shared by the fork
 (``ConnectionCounts``), and a worker that holds more than another one leaves a pending

@@ -4,7 +4,7 @@
 other worker; the server tests start ``agentledger serve --workers 2`` and read which worker
 process holds each established connection from ``/proc`` (Linux), the way ``ss -tnp`` does.
 Without the balancing, 4 keep-alive connections opened one after another landed 4/0 or 3/1 in
-7 of 8 tries on this machine kind.
+all 8 tries on this machine kind.
 """
 
 from __future__ import annotations
