@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 
@@ -44,6 +45,14 @@ LIMIT_REQUEST_FIELD_SIZE = 16_384
 # pause this long on a connection they mean to reuse; nginx's own default is the same 75 s. The
 # threaded worker keeps idle connections in its poller, not in a thread, so they cost a socket.
 KEEPALIVE_SECONDS = 75
+# Logged by each HTTP worker once it takes connections; ``ready_workers`` counts them in a log.
+WORKER_READY = "HTTP worker %d ready (slot %d)"
+_WORKER_READY_PATTERN = re.compile(r"HTTP worker \d+ ready \(slot \d+\)")
+
+
+def ready_workers(log_text: str) -> int:
+    """How many HTTP workers a ``serve`` log says have started taking connections."""
+    return len(_WORKER_READY_PATTERN.findall(log_text))
 
 
 def _refusal(exc: BaseException) -> tuple[int, str, str, str]:
@@ -205,7 +214,7 @@ class _Gunicorn(BaseApplication):
             reconciler.start()
         worker.agentledger_background = (executor, reconciler)
         worker.publish_connection_count()  # from now on new connections may be left to it
-        log.info("HTTP worker %d ready (slot %d)", os.getpid(), worker.slot)
+        log.info(WORKER_READY, os.getpid(), worker.slot)
 
     # Runs in the master when a worker has exited: its open-stream gauge no longer counts, and
     # neither do its connections (it may have died without saying so).

@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -344,7 +343,9 @@ class Server:
         raise RuntimeError(f"agentledger serve did not answer:\n{self.log_path.read_text()[-3000:]}")
 
     def ready_workers(self) -> int:
-        return len(re.findall(r"HTTP worker \d+ ready", self.log_path.read_text(errors="replace")))
+        from agentledger.server import ready_workers
+
+        return ready_workers(self.log_path.read_text(errors="replace"))
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import signal
 import socket
 import threading
@@ -22,6 +21,7 @@ import pytest
 from support.waiting import wait_until
 
 from agentledger.connection_balance import ABSENT, ConnectionCounts
+from agentledger.server import ready_workers
 
 # ---- the shared counts --------------------------------------------------------------------------
 
@@ -184,7 +184,7 @@ def _keep_alive(port: int) -> http.client.HTTPConnection:
 
 
 def _ready(proc) -> int:
-    return len(re.findall(r"HTTP worker \d+ ready", proc.log()))
+    return ready_workers(proc.log())
 
 
 def _ready_workers(proc, count: int) -> None:
