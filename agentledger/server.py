@@ -45,9 +45,10 @@ LIMIT_REQUEST_FIELD_SIZE = 16_384
 # pause this long on a connection they mean to reuse; nginx's own default is the same 75 s. The
 # threaded worker keeps idle connections in its poller, not in a thread, so they cost a socket.
 KEEPALIVE_SECONDS = 75
-# Logged by each HTTP worker once it takes connections; ``ready_workers`` counts them in a log.
+# Logged by each HTTP worker once it takes connections; ``ready_workers`` counts them in a log
+# with a pattern made from the same format, so the two cannot drift apart.
 WORKER_READY = "HTTP worker %d ready (slot %d)"
-_WORKER_READY_PATTERN = re.compile(r"HTTP worker \d+ ready \(slot \d+\)")
+_WORKER_READY_PATTERN = re.compile(re.escape(WORKER_READY).replace("%d", r"\d+"))
 
 
 def ready_workers(log_text: str) -> int:
