@@ -5,6 +5,7 @@ while every chain still verifies; without redaction the values are written as gi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import text
-from support.api import FlaskApi, append, claim_run, open_session, send, unique
+from support.api import FlaskApi, append, claim_run, open_session, send
 from support.factories import make_agent
 
 from agentledger.core.config import Settings
@@ -116,10 +117,27 @@ def _all_cells(db: Database) -> list[tuple[str, str]]:
             for row in connection.execute(text(f"SELECT * FROM {table.name}")):
                 # Text and JSON only: a planted fragment such as "0134" can turn up by chance in
                 # the digits of a float (a latency sum of 0.013426 s), which no detector redacts.
-                cells.extend((table.name, str(value)) for value in row
-                             if isinstance(value, str | bytes | dict | list)
-                             and not _MACHINE_MADE.fullmatch(str(value)))
+                cells.extend((table.name, leaf) for value in row for leaf in _leaves(value)
+                             if not _MACHINE_MADE.fullmatch(leaf))
     return cells
+
+
+def _leaves(value) -> list[str]:
+    """The strings a cell holds: itself, or each key and string of a JSON document (PostgreSQL
+    hands jsonb over parsed, SQLite as text), so a timestamp inside an event's payload is judged
+    on its own like one in a column."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [value]
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in (str(key), *_leaves(item))]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value] if isinstance(value, str) else []
 
 
 # Values the ledger makes itself, never from input: hashes (hex), ids, and on SQLite the text of
@@ -139,7 +157,10 @@ def _write_everything(db: Database, url: str, *, redacted: bool) -> dict:
         chat = open_session(api, api.alice)
         context = [{"id": "crm", "title": f"Customer {EMAIL}", "content": f"card {CARD}, {CUSTOM}"},
                    {"id": "keys", "title": "Deploy notes", "content": f"{PEM}\naws {AWS_KEY}"}]
-        key = unique("key")
+        # The test's own identifiers are fixed and digit-free (the database is this test's alone):
+        # one made by `unique` holds a pid and a clock reading, whose digits hold a planted
+        # fragment such as "7731" by chance, which would read as a leak.
+        key = "redaction-first"
         content = f"Mail {EMAIL} or call {PHONE}; my key is {OPENAI_KEY}"
         first = send(api, api.alice, chat["id"], content, key=key, context=context)
         again = send(api, api.alice, chat["id"], content, key=key, context=context)
@@ -147,7 +168,7 @@ def _write_everything(db: Database, url: str, *, redacted: bool) -> dict:
         assert again.json() == first.json()
         run_id = first.json()["run_id"]
 
-        instance = unique("exec")
+        instance = "exec-redaction"
         claimed = claim_run(api, api.executor, run_id, instance)
         assert (EMAIL not in claimed["input"]) is redacted
         assert ("[REDACTED:email]" in claimed["input"]) is redacted
@@ -172,7 +193,7 @@ def _write_everything(db: Database, url: str, *, redacted: bool) -> dict:
         assert done.status == 200, done
 
         # A second answer given as explicit content, on a run of its own.
-        second = send(api, api.alice, chat["id"], "and again?").json()["run_id"]
+        second = send(api, api.alice, chat["id"], "and again?", key="redaction-second").json()["run_id"]
         claim_run(api, api.executor, second, instance)
         assert append(api, api.executor, second, instance, [
             ("run.completed", {"content": f"Sure: {PHONE} / {AWS_KEY}"})]).status == 200
