@@ -22,7 +22,7 @@ Imported runs are always terminal, so a live worker never sees (or claims) one.
 Checking and building a batch is Python work (validation, canonical JSON, the hash chain), and
 writing it is mostly the database's. ``workers=N`` prepares batches in N other processes while
 this one writes them, in order, each in its own transaction: the rows are exactly those the
-in-process path builds; on PostgreSQL they hand back each table as ready COPY text. Without
+in-process path builds; on PostgreSQL they hand back each table as ready COPY data. Without
 workers a helper thread prepares the next batch (the GIL lets that overlap only with the
 database's share of the work). A history that can build its own parts is better given as
 shares (``bulk_import_shares``): each is called in the process that prepares its batch, so its
@@ -188,22 +188,22 @@ class _Batch:
         self.blobs: dict[str, str] = {}
         self.rollup = RollupBatch(minutes_from=minutes_from)
         self.root_runs = 0
-        # PostgreSQL: (table, columns, COPY text) per table, once ``format_for_copy`` ran; the
+        # PostgreSQL: (table, columns, COPY data) per table, once ``format_for_copy`` ran; the
         # rows above are dropped then, and the counts kept here
-        self.copy_text: list[tuple[str, tuple[str, ...], bytes]] | None = None
+        self.copy_payloads: list[tuple[str, tuple[str, ...], bytes]] | None = None
         self.counts = (0, 0, 0, 0)
 
     def tally(self) -> tuple[int, int, int, int]:
         """(runs, events, messages, sessions) of the batch."""
-        if self.copy_text is not None:
+        if self.copy_payloads is not None:
             return self.counts
         return len(self.runs), len(self.events), len(self.messages), len(self.sessions)
 
     def format_for_copy(self, session: Session) -> None:
-        """Turn the rows into COPY text with the session's psycopg connection (nothing is
+        """Turn the rows into COPY data with the session's psycopg connection (nothing is
         sent): done where the batch is prepared, so that another process hands back a few
         bytes objects instead of every row."""
-        if self.copy_text is not None:
+        if self.copy_payloads is not None:
             return
         self.counts = self.tally()
         tables = [
@@ -213,7 +213,7 @@ class _Batch:
             ("message", _MESSAGE_COLUMNS, self.messages),
             ("run_event", _EVENT_COLUMNS, [row[:6] for row in self.events]),
         ]
-        self.copy_text = [(table, columns, dialect.copy_text(session, rows))
+        self.copy_payloads = [(table, columns, dialect.copy_bytes(session, table, columns, rows))
                           for table, columns, rows in tables if rows]
         self.threads, self.sessions, self.runs, self.messages, self.events = [], [], [], [], []
 
@@ -439,8 +439,8 @@ class BulkImporter:
     @staticmethod
     def _copy(session: Session, batch: _Batch) -> None:
         batch.format_for_copy(session)
-        assert batch.copy_text is not None
-        for table, columns, data in batch.copy_text:  # parents before the rows naming them
+        assert batch.copy_payloads is not None
+        for table, columns, data in batch.copy_payloads:  # parents before the rows naming them
             dialect.copy_data(session, table, columns, data)
 
     @staticmethod
@@ -468,7 +468,7 @@ class BulkImporter:
         ])
 
     def _prepare(self, trees: list[ImportedRun]) -> _Batch:
-        """Check and build a batch's rows (as COPY text on PostgreSQL). Its few look-ups
+        """Check and build a batch's rows (as COPY data on PostgreSQL). Its few look-ups
         (agent versions, existing sessions) read the primary on PostgreSQL (a read replica may
         lag behind agents registered just before the import) in a transaction that is rolled
         back; SQLite reads in a read-only transaction so that it does not take the write lock

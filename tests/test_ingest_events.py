@@ -7,6 +7,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import (
     assert_chains_ok,
@@ -25,6 +26,7 @@ from agentledger.core.errors import (
     RunTerminal,
     ValidationFailed,
 )
+from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.runs import create_child_run
@@ -65,6 +67,26 @@ def test_seqs_are_gapless_and_last_event_seq_is_the_max(db, running):
                                      "message.delta", "tool.call", "tool.result", "usage"]
     assert run_row(db, running).last_event_seq == 7
     assert evs[4].data == {"name": "search", "input": {"q": "x"}}
+    assert_chains_ok(db)
+
+
+# On PostgreSQL a batch of up to 32 events goes in with the head advance, a longer one with COPY.
+@pytest.mark.parametrize("size", [2, 32, 33, 100])
+def test_a_batch_of_any_size_stores_what_was_given_and_chains(db, running, size):
+    given = [("message.delta", {"text": f"line {i}\n\t\"quoted\" \\ ünïcødé 🚀", "n": i})
+             for i in range(size - 1)]
+    given.append(("tool.call", {"name": "search", "input": {"q": None, "x": [1.5, True, {}]}}))
+    for start in (3, size + 3):  # the second batch goes in on a connection that did one before
+        reply = append(db, running, given)
+        assert reply.seqs == list(range(start, start + size))
+    evs = events(db, running)
+    assert [e.seq for e in evs] == list(range(1, 2 * size + 3))
+    assert [(e.type, e.data) for e in evs[2:]] == given * 2
+    with db.read() as s:
+        stamps = s.scalars(select(RunEvent.created_at).where(RunEvent.run_id == running)
+                           .order_by(RunEvent.seq)).all()
+    assert len(set(stamps[2:size + 2])) == 1 and stamps[size + 2] >= stamps[2]  # the db's clock
+    assert run_row(db, running).last_event_seq == 2 * size + 2
     assert_chains_ok(db)
 
 
