@@ -213,8 +213,9 @@ class _Batch:
             ("message", _MESSAGE_COLUMNS, self.messages),
             ("run_event", _EVENT_COLUMNS, [row[:6] for row in self.events]),
         ]
-        self.copy_payloads = [(table, columns, dialect.copy_bytes(session, table, columns, rows))
-                          for table, columns, rows in tables if rows]
+        self.copy_payloads = [
+            (table, columns, dialect.copy_bytes(session, table, columns, rows))
+            for table, columns, rows in tables if rows]
         self.threads, self.sessions, self.runs, self.messages, self.events = [], [], [], [], []
 
 
