@@ -342,13 +342,9 @@ def copy_rows(session: Session, table: str, columns: tuple[str, ...], rows) -> N
     """``COPY table (columns) FROM STDIN`` on PostgreSQL, in the session's transaction: the
     fastest way in for many rows. Rows are tuples in ``columns`` order; JSON columns are
     given as JSON text (nothing is serialised twice)."""
-    connection = _driver_connection(session)
-    oids = _column_types(connection, table, columns)  # before the COPY holds the connection
-    with connection.cursor() as cursor, \
-            cursor.copy(_copy_from_stdin(table, columns)) as copy:
-        _binary_columns(copy, cursor, oids)
-        for row in rows:
-            copy.write_row(row)
+    # Formatted first, then sent: the column types are read before the COPY holds the
+    # connection (during a COPY it serves nothing else), and the rows are formatted in one place.
+    copy_data(session, table, columns, copy_bytes(session, table, columns, rows))
 
 
 def copy_bytes(session: Session, table: str, columns: tuple[str, ...], rows) -> bytes:
@@ -356,10 +352,11 @@ def copy_bytes(session: Session, table: str, columns: tuple[str, ...], rows) -> 
     sent: a batch prepared in another process travels as one bytes object (far cheaper to
     pickle than its rows) and goes in with ``copy_data``. Rows as for ``copy_rows``."""
     connection = _driver_connection(session)
+    oids = _column_types(connection, table, columns)
     buffer = io.BytesIO()
     with connection.cursor() as cursor, \
             psycopg.Copy(cursor, binary=True, writer=FileWriter(buffer)) as copy:
-        _binary_columns(copy, cursor, _column_types(connection, table, columns))
+        _binary_columns(copy, cursor, oids)
         for row in rows:
             copy.write_row(row)
     return buffer.getvalue()
@@ -375,9 +372,10 @@ def copy_data(session: Session, table: str, columns: tuple[str, ...], data: byte
 
 # COPY goes in PostgreSQL's binary format: against the text format it takes about half the
 # formatter's CPU and three quarters of the server's per row (a timestamp is 8 bytes instead
-# of text to parse, JSON needs no escaping; measured in docs/design.md, "Scale"). The format needs each column's exact type; they
-# are read from the database's catalog, never spelled out here, so the migrated schema stays
-# their one home. Read once per connection and table: a pooled connection keeps its database.
+# of text to parse, JSON needs no escaping; measured in docs/design.md, "Scale"). The format
+# needs each column's exact type; they are read from the database's catalog, never spelled out
+# here, so the migrated schema stays their one home. Read once per connection and table: a
+# pooled connection keeps its database.
 _COLUMN_TYPES: weakref.WeakKeyDictionary[psycopg.Connection, dict] = weakref.WeakKeyDictionary()
 _COLUMN_TYPES_LOCK = threading.Lock()
 
