@@ -23,7 +23,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.database import execute, read_all, read_one
+from agentledger.core.database import execute, execute_write, read_all, read_one
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
@@ -230,7 +230,7 @@ def start_locked_runs(session: Session, rows: Sequence, lease: Lease, now: datet
         hashes.append(event_hash_of_json(row.last_event_hash, row.id, seqs[-1], "run.started",
                                          data_json, now))
     changes = row_changes("run.started", data, now, lease=lease)
-    started = execute(session, _start_statement(tuple(sorted(changes))), {
+    started = execute_write(session, _start_statement(tuple(sorted(changes))), {
         "start_run_ids": [row.id for row in rows],
         "start_prev_seqs": [row.last_event_seq for row in rows],
         "start_seqs": seqs, "start_hashes": hashes, "start_data": data_json, "start_at": now,
@@ -293,7 +293,7 @@ _ENDING_READS = {
     with_deltas: (select(RunEvent.type, RunEvent.data)
                   .where(RunEvent.run_id == bindparam("run_id"),
                          # not an ``in_``: its list is expanded at every execution, which
-                         # keeps the read from the driver (``core.driver_read``)
+                         # keeps the read from the driver (``core.driver_statements``)
                          or_(*(RunEvent.type == t for t in (("usage", "message.delta")
                                                             if with_deltas else ("usage",)))))
                   .order_by(RunEvent.seq))
@@ -435,7 +435,7 @@ def append_events(
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
     advance = (_advance_statement(events_in, with_message, ends_run) if postgres
                else _ADVANCE_RUN)
-    updated = execute(session, advance, {
+    updated = execute_write(session, advance, {
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })

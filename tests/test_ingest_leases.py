@@ -6,9 +6,9 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import event
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import assert_run_invariants, events, run_row, snapshot_state
+from support.statements import statements_sent
 
 from agentledger.core import dialect
 from agentledger.core.errors import LeaseLost, ValidationFailed
@@ -74,18 +74,10 @@ def test_a_claim_of_several_runs_starts_each_and_writes_the_starts_together(db, 
     runs = [post(db, make_session(db), f"m{i}").run_id for i in range(4)]
     heard: list[tuple[str, str]] = []
     db.add_notification_listener(lambda channel, payload: heard.append((channel, payload)))
-    inserts: list[str] = []
-
-    def seen(conn, cursor, statement, *rest):
-        if "INSERT INTO run_event" in statement:
-            inserts.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", seen)
-    try:
+    with statements_sent(db) as sent:
         claimed = claim(db, W, max_runs=10, lease_seconds=30)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", seen)
     assert [c.run_id for c in claimed] == runs
+    inserts = [s for s in sent if "INSERT INTO run_event" in s]
     assert len(inserts) == (1 if db.is_postgres else len(runs))
     assert sorted(p for c, p in heard if c == dialect.EVENTS_CHANNEL) == sorted(runs)
     for c in claimed:

@@ -1,4 +1,4 @@
-"""The principal look-up through psycopg directly (``core.driver_read``): the same answers as
+"""Hot statements through psycopg directly (``core.driver_statements``): the same answers as
 through SQLAlchemy, only for statements SQLAlchemy has nothing to convert in, on a pooled
 connection that is left as the pool expects it, and failures that look like SQLAlchemy's."""
 
@@ -9,11 +9,11 @@ from datetime import UTC
 import psycopg
 import pytest
 from sqlalchemy import bindparam, select, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, NoResultFound
 from support.factories import make_agent, make_session, post
 
 from agentledger.core.database import read_all, read_one
-from agentledger.core.driver_read import DriverRead
+from agentledger.core.driver_statements import DriverRead, DriverWrite
 from agentledger.core.schema import AgentRun, ApiToken
 from ingest.tokens import create_token, revoke_token
 from queries.principals import _BY_HASH, principal_from_row, principal_lookup
@@ -208,3 +208,125 @@ def test_an_event_streams_page_through_the_driver_is_the_page_a_session_reads(pg
                 assert len(through_driver.events) == 2 - after
                 assert all(isinstance(e["data"], dict) for e in through_driver.events)
     assert DriverRead.of(_VISIBLE_PAGE, pg_db.primary_read_engine) is not None
+
+
+# ---- writes ----------------------------------------------------------------------------------
+
+
+def _stored_events(db, run_id: str) -> list[tuple]:
+    from agentledger.core.schema import RunEvent
+
+    with db.read() as s:
+        return [tuple(r) for r in s.execute(
+            select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at, RunEvent.hash)
+            .where(RunEvent.run_id == run_id).order_by(RunEvent.seq)).all()]
+
+
+def test_a_write_through_the_driver_stores_what_sqlalchemy_stores(pg_db):
+    """The same INSERT with a JSON document and a UTC time, once through the driver and once
+    through SQLAlchemy: the bind processors are applied alike, so the rows are alike."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import insert
+
+    from agentledger.core.database import execute, execute_write
+    from agentledger.core.schema import RunEvent
+
+    run_id = _queued_run(pg_db)
+    statement = insert(RunEvent.__table__)
+    at = datetime(2026, 3, 1, 12, 30, 15, 123456, tzinfo=timezone(timedelta(hours=5)))
+    data = {"text": "é ✓ \"quoted\" \\ \n", "nested": {"list": [1, 2.5, None, True]},
+            "zero": 0}
+    with pg_db.write() as s:
+        params = {"run_id": run_id, "seq": 2, "type": "message.delta", "data": data,
+                  "created_at": at, "hash": "a" * 64}
+        assert DriverWrite.of(statement, s.get_bind().dialect, params) is not None
+        assert execute_write(s, statement, params).rowcount == 1
+        execute(s, statement, {**params, "seq": 3})
+    first, second = _stored_events(pg_db, run_id)[1:]
+    assert first[1:] == second[1:]
+    assert first[2] == data
+    assert first[3] == at and first[3].tzinfo is UTC
+
+
+def test_the_parameter_names_decide_the_columns_a_driver_write_sets(pg_db):
+    from sqlalchemy import update
+
+    from agentledger.core.database import execute_write
+
+    run_id = _queued_run(pg_db)
+    statement = update(AgentRun.__table__).where(AgentRun.__table__.c.id == bindparam("run_id_"))
+    with pg_db.write() as s:
+        dialect = s.get_bind().dialect
+        one = DriverWrite.of(statement, dialect, {"run_id_": run_id, "end_reason": "a"})
+        other = DriverWrite.of(statement, dialect, {"run_id_": run_id, "redaction_count": 3})
+        assert one is not None and other is not None and one is not other
+        assert "end_reason" in one.sql and "redaction_count" not in one.sql
+        assert execute_write(s, statement, {"run_id_": run_id, "redaction_count": 3}).rowcount == 1
+        assert execute_write(s, statement, {"run_id_": "run_none", "redaction_count": 1}
+                             ).rowcount == 0
+    with pg_db.read() as s:
+        assert s.execute(select(AgentRun.redaction_count, AgentRun.end_reason)
+                         .where(AgentRun.id == run_id)).one() == (3, None)
+
+
+def test_a_driver_write_returns_converted_rows(pg_db):
+    from sqlalchemy import update
+
+    from agentledger.core.database import execute_write
+
+    run_id = _queued_run(pg_db)
+    statement = (update(AgentRun.__table__).where(AgentRun.__table__.c.id == bindparam("run_id_"))
+                 .returning(AgentRun.__table__.c.id, AgentRun.__table__.c.created_at))
+    with pg_db.write() as s:
+        result = execute_write(s, statement, {"run_id_": run_id, "redaction_count": 1})
+        row = result.one()
+        assert row.id == run_id and row.created_at.tzinfo is UTC
+        assert result.first() == row and result.all() == [row]
+        none = execute_write(s, statement, {"run_id_": "run_none", "redaction_count": 1})
+        assert none.first() is None and none.all() == []
+        with pytest.raises(NoResultFound):
+            none.one()
+
+
+def test_a_failing_driver_write_raises_sqlalchemys_error_and_writes_nothing(pg_db):
+    """A duplicate event seq is the database's ``IntegrityError`` as SQLAlchemy raises it, and
+    the transaction around it leaves nothing behind."""
+    from datetime import datetime
+
+    from sqlalchemy import insert
+    from sqlalchemy.exc import IntegrityError
+
+    from agentledger.core.database import execute_write
+    from agentledger.core.schema import RunEvent
+
+    run_id = _queued_run(pg_db)
+    before = _stored_events(pg_db, run_id)
+    params = {"run_id": run_id, "seq": 1, "type": "message.delta", "data": {"text": "x"},
+              "created_at": datetime.now(UTC), "hash": "b" * 64}
+    with pytest.raises(IntegrityError) as failed:
+        with pg_db.write() as s:
+            execute_write(s, insert(RunEvent.__table__), {**params, "seq": 2})
+            execute_write(s, insert(RunEvent.__table__), params)  # seq 1 is run.queued's
+    assert isinstance(failed.value.orig, psycopg.errors.UniqueViolation)
+    assert not failed.value.connection_invalidated
+    assert _stored_events(pg_db, run_id) == before
+    with pg_db.write() as s:  # the pool's connection is usable again
+        assert s.execute(text("SELECT 1")).scalar_one() == 1
+
+
+def test_the_head_advance_of_an_append_takes_the_driver_path(pg_db):
+    from ingest.events import _EVENTS_ONE, _advance_statement, append_events
+    from ingest.leases import claim_runs
+
+    run_id = _queued_run(pg_db)
+    with pg_db.write() as s:
+        assert [c.run_id for c in claim_runs(s, "worker-1")] == [run_id]
+    with pg_db.write() as s:
+        result = append_events(s, run_id, [("message.delta", {"text": "hé"})],
+                               executor_instance_id="worker-1")
+    assert result.seqs == [3]
+    compiled = [key for key in DriverWrite._cache  # noqa: SLF001 - which statements compiled
+                if key[0] is _advance_statement(_EVENTS_ONE, False, False)]
+    assert compiled, "the single-event head advance did not go through the driver"
+    assert _stored_events(pg_db, run_id)[-1][1:3] == ("message.delta", {"text": "hé"})

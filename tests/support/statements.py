@@ -1,0 +1,42 @@
+"""The SQL statements a block of code sends to the database, whichever way it sends them.
+
+SQLAlchemy's cursor events miss the statements ``core.driver_statements`` sends on psycopg's
+connection directly, so on PostgreSQL the statements are recorded at psycopg's cursor, which
+both ways go through (the database is still the real one; the spy only records)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from sqlalchemy import event
+
+
+@contextmanager
+def statements_sent(db) -> Iterator[list[str]]:
+    """The SQL text of every statement ``db``'s connections execute inside the block."""
+    sent: list[str] = []
+    if db.is_postgres:
+        execute = psycopg.Cursor.execute
+
+        def recording(cursor, query, *args, **kwargs):
+            sent.append(query if isinstance(query, str) else query.decode()
+                        if isinstance(query, bytes) else str(query))
+            return execute(cursor, query, *args, **kwargs)
+
+        psycopg.Cursor.execute = recording  # type: ignore[method-assign]
+        try:
+            yield sent
+        finally:
+            psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        return
+
+    def seen(conn, cursor, statement, *rest):
+        sent.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
