@@ -140,10 +140,11 @@ def read_all(session: Session, statement, params: dict) -> list:
 
 
 def execute_write(session: Session, statement, params: dict):
-    """Run a write that every append makes (one set of parameters) in the session's
-    transaction; on PostgreSQL through the connection's driver (``core.driver_statements``:
-    about 100 µs less CPU for the head advance of a single-event append). The result answers
-    ``rowcount``, ``one()``, ``first()``, ``all()`` and ``close()`` either way."""
+    """Run one of the writes every append or claim makes (one set of parameters) in the
+    session's transaction; on PostgreSQL through the connection's driver
+    (``core.driver_statements``: about 100 µs less CPU for the head advance of a single-event
+    append). The result answers ``rowcount``, ``one()``, ``first()``, ``all()`` and ``close()``
+    either way."""
     bind = session.get_bind()
     if bind.dialect.name == "postgresql":
         driver_write = DriverWrite.of(statement, bind.dialect, params)
