@@ -14,12 +14,11 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Integer, Text, bindparam, exists, func, insert, literal, or_, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -439,7 +438,7 @@ def append_events(
         "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
         **values,
     })
-    if cast(CursorResult, updated).rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
+    if updated.rowcount != 1:  # pragma: no cover - the row lock makes this unreachable
         raise RuntimeError(f"run {run_id} changed under its lock")
     queued_behind = False
     if postgres:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from sqlalchemy import create_engine, event, text
@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from agentledger.core.config import sqlite_path
-from agentledger.core.driver_statements import DriverRead, DriverWrite
+from agentledger.core.driver_statements import DriverRead, DriverWrite, WriteResult
 from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
@@ -139,7 +139,7 @@ def read_all(session: Session, statement, params: dict) -> list:
     return list(execute(session, statement, params).all())
 
 
-def execute_write(session: Session, statement, params: dict):
+def execute_write(session: Session, statement, params: dict) -> WriteResult:
     """Run one of the writes every append or claim makes (one set of parameters) in the
     session's transaction; on PostgreSQL through the connection's driver
     (``core.driver_statements``: about 100 µs less CPU for the head advance of a single-event
@@ -150,7 +150,7 @@ def execute_write(session: Session, statement, params: dict):
         driver_write = DriverWrite.of(statement, bind.dialect, params)
         if driver_write is not None:
             return driver_write.execute_in(session, params)
-    return execute(session, statement, params)
+    return cast(WriteResult, execute(session, statement, params))  # a CursorResult
 
 
 def _driver_read_in(session: Session, statement) -> DriverRead | None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy import types as sqltypes
@@ -178,6 +178,21 @@ class DriverRead(_DriverStatement):
         return [self._row(found)
                 for found in self._in_transaction(
                     session, self.compiled.construct_params(params or {}), psycopg.Cursor.fetchall)]
+
+
+class WriteResult(Protocol):
+    """What a write answers, through the driver (``DriverResult``) or through SQLAlchemy (its
+    ``CursorResult``): the callers of ``database.execute_write`` use only this."""
+
+    rowcount: int
+
+    def one(self) -> Any: ...
+
+    def first(self) -> Any: ...
+
+    def all(self) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 class DriverResult:
