@@ -6,6 +6,10 @@ and only then writes: the events with gapless seqs and chained hashes, and one c
 ``UPDATE agent_run … WHERE status = :current AND last_event_seq = :seq``. A refused batch writes
 nothing. Terminal events also create the assistant message (``run.completed``), record the error
 (``run.failed``) and tell a waiting parent (``run.child_finished``).
+
+An executor's append that is a transaction of its own (``append_events_alone``) is, on
+PostgreSQL and for most batches, that compare-and-set alone: the head is read unlocked and a
+lost race starts the append again from the new head.
 """
 
 from __future__ import annotations
@@ -13,22 +17,42 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Text, bindparam, exists, func, insert, literal, or_, select, update
+from sqlalchemy import (
+    Integer,
+    Text,
+    bindparam,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.database import execute, execute_write, read_all, read_one
+from agentledger.core.database import (
+    AutocommitWrites,
+    Database,
+    execute,
+    execute_write,
+    read_all,
+    read_one,
+)
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.redaction import redactor_of
-from agentledger.core.schema import AgentRun, Message, RunEvent
+from agentledger.core.schema import AgentRun, Message, RunEvent, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard
@@ -354,15 +378,7 @@ def append_events(
     if executor_instance_id is not None:
         check_lease(run, executor_instance_id, now)
 
-    status = run.status
-    pending: list[_Pending] = []
-    for event_type, data in events:
-        data = validated_data(event_type, data)
-        if status in TERMINAL and run.status not in TERMINAL:
-            # The run ends earlier in this very batch: the batch itself is malformed.
-            raise IllegalTransition(f"{event_type} cannot follow the run's terminal event")
-        status = next_status(status, event_type)
-        pending.append(_Pending(event_type, dict(data)))
+    status, pending = _checked(run.status, events)
     redactor = redactor_of(session)
     if redactor.active:  # before anything below stores or hashes the data
         for item in pending:
@@ -395,27 +411,16 @@ def append_events(
             item.data["final_message_id"] = final_message_id
         values.update(row_changes(item.type, item.data, now, lease=lease))
 
-    seq = run.last_event_seq
-    chain = run.last_event_hash
-    rows = []
-    for item in pending:
-        seq += 1
-        data_json = canonical_json(item.data)
-        chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
-        rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
+    rows = _chained(run_id, run, pending, now)
+    seq, chain = rows[-1][1], rows[-1][5]
     # On PostgreSQL a batch of a few events and the ending's message go in with the head
     # advance, in one statement (data-modifying CTEs of it); a long batch goes in with COPY.
     events_in = (_EVENTS_NONE if not postgres or len(rows) > _EVENTS_IN_ADVANCE_MAX
                  else _EVENTS_ONE if len(rows) == 1 else _EVENTS_MANY)
-    if events_in == _EVENTS_ONE:
-        values.update(zip(_APPENDED_EVENT_PARAMS, (run_id, seq, rows[0][2], rows[0][6], now,
-                                                   chain), strict=True))
-    elif events_in == _EVENTS_MANY:
-        values.update(events_run_id=run_id, events_created_at=now,
-                      events_seq=[r[1] for r in rows], events_type=[r[2] for r in rows],
-                      events_data=[r[3] for r in rows], events_hash=[r[5] for r in rows])
-    else:
+    if events_in == _EVENTS_NONE:
         _insert_events(session, rows)
+    else:
+        values.update(_events_in_advance(rows, now))
     with_message = postgres and message is not None
     if with_message:
         assert message is not None
@@ -474,6 +479,119 @@ def append_events(
         cancel_requested=status == "cancelling",
         final_message_id=final_message_id,
     )
+
+
+def _checked(status: str, events: list[tuple[str, dict]]) -> tuple[str, list[_Pending]]:
+    """The status the batch leaves the run in and its events' checked data; raises
+    ``ValidationFailed`` or ``IllegalTransition`` for the first event that may not follow."""
+    started_as = status
+    pending: list[_Pending] = []
+    for event_type, data in events:
+        data = validated_data(event_type, data)
+        if status in TERMINAL and started_as not in TERMINAL:
+            # The run ends earlier in this very batch: the batch itself is malformed.
+            raise IllegalTransition(f"{event_type} cannot follow the run's terminal event")
+        status = next_status(status, event_type)
+        pending.append(_Pending(event_type, dict(data)))
+    return status, pending
+
+
+def _chained(run_id: str, run, pending: list[_Pending], now: datetime) -> list[tuple]:
+    """The event rows after the run's head: (run_id, seq, type, data JSON, created_at, hash,
+    data), with gapless seqs and chained hashes."""
+    seq = run.last_event_seq
+    chain = run.last_event_hash
+    rows = []
+    for item in pending:
+        seq += 1
+        data_json = canonical_json(item.data)
+        chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
+        rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
+    return rows
+
+
+def _events_in_advance(rows: list[tuple], now: datetime) -> dict[str, Any]:
+    """The parameters of the events that go in with the head advance (PostgreSQL, at most
+    ``_EVENTS_IN_ADVANCE_MAX``): one as ``event_*``, a few as ``events_*`` arrays."""
+    run_id = rows[0][0]
+    if len(rows) == 1:
+        _run, seq, type_, _json, _at, chain, data = rows[0]
+        return dict(zip(_APPENDED_EVENT_PARAMS, (run_id, seq, type_, data, now, chain),
+                        strict=True))
+    return {"events_run_id": run_id, "events_created_at": now,
+            "events_seq": [r[1] for r in rows], "events_type": [r[2] for r in rows],
+            "events_data": [r[3] for r in rows], "events_hash": [r[5] for r in rows]}
+
+
+# The run's head as ``lock_run`` reads it, without the lock, and the clock read after it.
+_HEAD = select(*LOCKED_RUN_COLUMNS,
+               type_coerce(dialect.clock_column("postgresql"), UTCDateTime).label("now")
+               ).where(AgentRun.id == bindparam("run_id"))
+# Optimistic appends that lost to another writer before the locked path is taken.
+_OPTIMISTIC_ATTEMPTS = 3
+
+
+def append_events_alone(db: Database, run_id: str, events: list[tuple[str, dict]], *,
+                        executor_instance_id: str) -> AppendResult:
+    """An executor's append that is its own transaction: what ``append_events`` does in a
+    ``db.write()`` of its own, with the same checks, rows, errors and result.
+
+    On PostgreSQL a batch that does not end the run and whose events go in with the head
+    advance (at most ``_EVENTS_IN_ADVANCE_MAX``, nothing to redact) is one statement: the run's
+    head is read without a lock, then the advance, a compare-and-set on the status and seq that
+    were read, inserts the events in the same statement, which commits alone (no ``BEGIN``, no
+    ``COMMIT``, no row lock held across round trips). If another writer moved the head in
+    between, the compare-and-set fails (or its event's seq is taken: a unique violation), the
+    statement writes nothing, and the append starts again from the new head; after
+    ``_OPTIMISTIC_ATTEMPTS`` such losses it waits for the row lock instead. The events are
+    stamped with the clock read after the head, so stamps still follow seqs: an append that
+    commits read the head after the previous append had committed.
+    """
+    if (db.is_postgres and not db.redactor.active and len(events) <= _EVENTS_IN_ADVANCE_MAX
+            and not any(t in _ENDING for t, _ in events)):
+        with db.autocommit_writes() as alone:
+            assert alone is not None
+            for _attempt in range(_OPTIMISTIC_ATTEMPTS):
+                done = _append_alone(alone, run_id, events, executor_instance_id)
+                if done is not None:
+                    return done
+    with db.write() as s:
+        return append_events(s, run_id, events, executor_instance_id=executor_instance_id)
+
+
+def _append_alone(alone: AutocommitWrites, run_id: str, events: list[tuple[str, dict]],
+                  executor_instance_id: str) -> AppendResult | None:
+    """One optimistic attempt of ``append_events_alone``; None when another writer won."""
+    if not events:
+        raise ValueError("append_events needs at least one event")
+    run = alone.read_one(_HEAD, {"run_id": run_id})
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    now = run.now.astimezone(UTC)
+    check_lease(run, executor_instance_id, now)
+    status, pending = _checked(run.status, events)
+    values: dict[str, Any] = {}
+    for item in pending:
+        values.update(row_changes(item.type, item.data, now))
+    rows = _chained(run_id, run, pending, now)
+    values.update(_events_in_advance(rows, now))
+    values.update(status=status, last_event_seq=rows[-1][1], last_event_hash=rows[-1][5])
+    advance = _advance_statement(_EVENTS_ONE if len(rows) == 1 else _EVENTS_MANY, False, False)
+    try:
+        updated = alone.write(advance, {"run_id_": run_id, "status_": run.status,
+                                        "last_event_seq_": run.last_event_seq, **values})
+    except IntegrityError as exc:
+        if getattr(exc.orig, "sqlstate", None) == _UNIQUE_VIOLATION:
+            return None  # another append took the seq first
+        raise
+    if updated.rowcount != 1:
+        return None  # the head moved: another writer committed in between
+    alone.notified(dialect.EVENTS_CHANNEL, run_id)
+    return AppendResult(run_id=run_id, seqs=[r[1] for r in rows], status=status,
+                        cancel_requested=status == "cancelling")
+
+
+_UNIQUE_VIOLATION = "23505"
 
 
 def check_lease(run, executor_instance_id: str, now: datetime) -> None:

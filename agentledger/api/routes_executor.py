@@ -14,7 +14,7 @@ from agentledger.api.requests import AppendEventsBody, ClaimBody, CreateChildBod
 from agentledger.api.responses import AppendEventsOut, ChildOut, ClaimOut, HeartbeatOut
 from agentledger.core.errors import IllegalTransition, ValidationFailed
 from ingest.event_types import DATA_MODELS, EXECUTOR_APPENDABLE
-from ingest.events import append_events
+from ingest.events import append_events_alone
 from ingest.leases import claim_runs, heartbeat
 from ingest.runs import create_child_run
 
@@ -69,8 +69,8 @@ def executor_events(run_id: str, body: AppendEventsBody, raw_body):
         if event.type not in EXECUTOR_APPENDABLE:
             raise IllegalTransition(f"{event.type} is written by the ledger, not by executors")
         batch.append((event.type, event.data))
-    with state().db.write() as s:
-        result = append_events(s, run_id, batch, executor_instance_id=body.executor_instance_id)
+    result = append_events_alone(state().db, run_id, batch,
+                                 executor_instance_id=body.executor_instance_id)
     return jsonify({"seqs": result.seqs, "cancel_requested": result.cancel_requested})
 
 

@@ -35,7 +35,13 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from agentledger.core.config import sqlite_path
-from agentledger.core.driver_statements import DriverRead, DriverWrite, WriteResult
+from agentledger.core.driver_statements import (
+    AutocommitConnection,
+    DriverRead,
+    DriverResult,
+    DriverWrite,
+    WriteResult,
+)
 from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
@@ -151,6 +157,38 @@ def execute_write(session: Session, statement, params: dict) -> WriteResult:
         if driver_write is not None:
             return driver_write.execute_in(session, params)
     return cast(WriteResult, execute(session, statement, params))  # a CursorResult
+
+
+class AutocommitWrites:
+    """What ``Database.autocommit_writes`` yields: a PostgreSQL write connection on which each
+    statement is a transaction of its own, committed when it returns, and the notifications
+    those statements sent (``notified``), handed to this process's listeners when the block
+    ends. The statements go through the driver (``core.driver_statements``)."""
+
+    __slots__ = ("connection", "dialect", "notifications")
+
+    def __init__(self, connection: AutocommitConnection, dialect):
+        self.connection = connection
+        self.dialect = dialect
+        self.notifications: list[tuple[str, str]] = []
+
+    def read_one(self, statement, params: dict):
+        """The one row (or None) of a read."""
+        read = DriverRead.of(statement, self.dialect)
+        if read is None:
+            raise TypeError("autocommit_writes runs statements the driver can run alone")
+        return read.one_or_none_on(self.connection, params)
+
+    def write(self, statement, params: dict) -> DriverResult:
+        """Run a write: committed when this returns (or rolled back when it raises)."""
+        write = DriverWrite.of(statement, self.dialect, params)
+        if write is None:
+            raise TypeError("autocommit_writes runs statements the driver can run alone")
+        return write.execute_on(self.connection, params)
+
+    def notified(self, channel: str, payload: str) -> None:
+        """A statement that committed sent this NOTIFY itself (other processes hear it)."""
+        self.notifications.append((channel, payload))
 
 
 def _driver_read_in(session: Session, statement) -> DriverRead | None:
@@ -396,10 +434,34 @@ class Database:
             with session.begin():
                 yield session
             pending = session.info.pop(PENDING_NOTIFICATIONS, ())
+        self._committed(pending)
+
+    @contextmanager
+    def autocommit_writes(self) -> Iterator[AutocommitWrites | None]:
+        """PostgreSQL: a connection of the write engine on which each statement commits alone,
+        for an operation whose only write is one statement (its reads before it are not
+        locked: the write must be a compare-and-set that fails if they changed). It saves the
+        ``BEGIN`` and ``COMMIT`` round trips and the ORM session of ``write``. None on SQLite,
+        whose writers serialise in ``BEGIN IMMEDIATE``: use ``write``.
+
+        As after ``write``, the notifications the statements sent go to this process's
+        listeners when the block ends, and the rest of the request reads the primary."""
+        if not self.is_postgres:
+            yield None
+            return
+        with AutocommitConnection(self.engine) as connection:
+            alone = AutocommitWrites(connection, self.engine.dialect)
+            try:
+                yield alone
+            finally:
+                self._committed(alone.notifications)
+
+    def _committed(self, notifications) -> None:
+        """What follows a commit: the request reads its own write, listeners hear it."""
         scope = self._request_scope()
         if scope is not None:
-            scope.use_replica = False  # the rest of the request reads its own write
-        for channel, payload in pending:
+            scope.use_replica = False
+        for channel, payload in notifications:
             for listener in self._listeners:
                 listener(channel, payload)
 

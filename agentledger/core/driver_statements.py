@@ -20,7 +20,9 @@ as SQLAlchemy's execution would (a JSON document is serialized and wrapped for p
 
 ``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the
 pool's checkout checks, such as the ping after idle, apply); ``one_or_none_in``, ``all_in`` and
-``DriverWrite.execute_in`` run inside a session's transaction, on its connection. A connection a
+``DriverWrite.execute_in`` run inside a session's transaction, on its connection;
+``one_or_none_on`` and ``DriverWrite.execute_on`` on an ``AutocommitConnection``, where each
+statement commits alone. A connection a
 failure broke is invalidated, and the error is raised as SQLAlchemy's ``DBAPIError`` (its
 ``IntegrityError`` and the rest), as a statement run through SQLAlchemy would raise it.
 SQLAlchemy's cursor events do not see these statements.
@@ -153,20 +155,13 @@ class DriverRead(_DriverStatement):
                 for found in self._outside_transaction(engine, params, psycopg.Cursor.fetchall)]
 
     def _outside_transaction(self, engine: Engine, params: dict | None, fetch):
-        values = self.compiled.construct_params(params or {})
-        fairy = engine.raw_connection()
-        driver = _psycopg(fairy)
-        try:
-            driver.autocommit = True
-            try:
-                return fetch(driver.execute(self.sql, values))
-            finally:
-                if not driver.broken:
-                    driver.autocommit = False
-        except psycopg.Error as exc:
-            raise self._failed(fairy, driver, values, exc) from exc
-        finally:
-            fairy.close()
+        with AutocommitConnection(engine) as connection:
+            return connection.run(self, self.compiled.construct_params(params or {}), fetch)
+
+    def one_or_none_on(self, connection: AutocommitConnection, params: dict | None):
+        """The statement's single row (a named tuple) or None, on ``connection``."""
+        return self._row(connection.run(self, self.compiled.construct_params(params or {}),
+                                        psycopg.Cursor.fetchone))
 
     def one_or_none_in(self, session: Session, params: dict | None):
         """The statement's single row (a named tuple) or None, in ``session``'s transaction."""
@@ -259,11 +254,57 @@ class DriverWrite(_DriverStatement):
 
     def execute_in(self, session: Session, params: dict) -> DriverResult:
         """Run the statement in ``session``'s transaction."""
+        return self._result(self._in_transaction(session, self._values(params), _count_and_rows))
+
+    def execute_on(self, connection: AutocommitConnection, params: dict) -> DriverResult:
+        """Run the statement on ``connection``: a transaction of its own, committed when this
+        returns."""
+        return self._result(connection.run(self, self._values(params), _count_and_rows))
+
+    def _values(self, params: dict) -> dict:
         values = self.compiled.construct_params(params)
         for name, process in self.processors:
             values[name] = process(values[name])
-        rowcount, rows = self._in_transaction(session, values, _count_and_rows)
+        return values
+
+    def _result(self, counted: tuple[int, list]) -> DriverResult:
+        rowcount, rows = counted
         return DriverResult(rowcount, [self._row(found) for found in rows])
+
+
+class AutocommitConnection:
+    """A connection of an engine's pool on which every statement is a transaction of its own
+    (psycopg's autocommit): for an operation whose only write is one statement, which needs no
+    ``BEGIN`` and ``COMMIT`` round trips around it. A context manager: the connection goes back
+    to the pool, out of autocommit, when the block ends."""
+
+    __slots__ = ("_fairy", "_driver")
+
+    def __init__(self, engine: Engine):
+        self._fairy = engine.raw_connection()
+        try:
+            self._driver = _psycopg(self._fairy)
+            self._driver.autocommit = True
+        except BaseException:
+            self._fairy.close()
+            raise
+
+    def __enter__(self) -> AutocommitConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if not self._driver.broken:
+                self._driver.autocommit = False
+        finally:
+            self._fairy.close()
+
+    def run(self, statement: _DriverStatement, values: dict, fetch):
+        """``fetch(cursor)`` of ``statement`` run with ``values``."""
+        try:
+            return fetch(self._driver.execute(statement.sql, values))
+        except psycopg.Error as exc:
+            raise statement._failed(self._fairy, self._driver, values, exc) from exc
 
 
 def _count_and_rows(cursor: psycopg.Cursor) -> tuple[int, list]:

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
 from agentledger.core.schema import AgentRun
-from ingest.events import AppendResult, append_events
+from ingest.events import AppendResult, append_events_alone
 from ingest.leases import ClaimedRun, Heartbeat, claim_runs, heartbeat
 from ingest.reconcile import interrupt_executor_runs
 from ingest.runs import create_child_run
@@ -85,8 +85,7 @@ class DatabaseBackend:
             return heartbeat(s, run_id, self.instance_id, lease_seconds=lease_seconds)
 
     def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
-        with self.db.write() as s:
-            return append_events(s, run_id, events, executor_instance_id=self.instance_id)
+        return append_events_alone(self.db, run_id, events, executor_instance_id=self.instance_id)
 
     def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]:
         """All the children in one transaction, or none."""
