@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import psycopg
 import pytest
 from sqlalchemy import select, text
 from support.factories import claim, make_agent, make_session, post
@@ -55,27 +54,20 @@ def competing_write(db):
 def before_each_advance(db, act: Callable[[int], None]) -> Iterator[list[str]]:
     """Call ``act(n)`` (n = 1, 2, …) just before each head advance the block sends on
     PostgreSQL, then send it: another writer moves the head between the read and the write."""
-    execute = psycopg.Cursor.execute
-    sent: list[str] = []
+    advances: list[str] = []
     busy = threading.local()
 
-    def intercepting(cursor, query, *args, **kwargs):
-        text = query if isinstance(query, str) else str(query)
-        if text.lstrip().startswith("WITH") or text.lstrip().startswith("UPDATE agent_run"):
-            if not getattr(busy, "on", False) and "UPDATE agent_run" in text:
-                sent.append(text)
-                busy.on = True
-                try:
-                    act(len(sent))
-                finally:
-                    busy.on = False
-        return execute(cursor, query, *args, **kwargs)
+    def intercept(sql: str) -> None:
+        if "UPDATE agent_run" in sql and not getattr(busy, "on", False):
+            advances.append(sql)
+            busy.on = True
+            try:
+                act(len(advances))
+            finally:
+                busy.on = False
 
-    psycopg.Cursor.execute = intercepting  # type: ignore[method-assign]
-    try:
-        yield sent
-    finally:
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    with statements_sent(db, before=intercept):
+        yield advances
 
 
 def test_an_append_alone_is_its_head_read_and_one_unlocked_statement_on_postgres(pg_db):

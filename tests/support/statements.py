@@ -6,7 +6,7 @@ both ways go through (the database is still the real one; the spy only records).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -14,15 +14,20 @@ from sqlalchemy import event
 
 
 @contextmanager
-def statements_sent(db) -> Iterator[list[str]]:
-    """The SQL text of every statement ``db``'s connections execute inside the block."""
+def statements_sent(db, before: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+    """The SQL text of every statement ``db``'s connections execute inside the block.
+    ``before(sql)`` (PostgreSQL) runs just before each one is sent: a test can make another
+    writer act between two statements of the code under test."""
     sent: list[str] = []
     if db.is_postgres:
         execute = psycopg.Cursor.execute
 
         def recording(cursor, query, *args, **kwargs):
-            sent.append(query if isinstance(query, str) else query.decode()
-                        if isinstance(query, bytes) else str(query))
+            text = (query if isinstance(query, str) else query.decode()
+                    if isinstance(query, bytes) else str(query))
+            sent.append(text)
+            if before is not None:
+                before(text)
             return execute(cursor, query, *args, **kwargs)
 
         psycopg.Cursor.execute = recording  # type: ignore[method-assign]
