@@ -5,19 +5,24 @@ of spans above it is known to hold no agent span: it reaches the trace's root, o
 has been quiet for ``quiet_seconds`` (then the top agent span is written as a root; the
 reconciler loop does this). Every span the tree uses is marked with its run in the same
 transaction as the runs, under a compare-and-set on ``run_id IS NULL``, so two servers
-receiving parts of one trace write it once. A span that arrives after the run it belongs to
-was written is kept and marked ``""`` (not recorded) and counted as rejected.
+receiving parts of one trace write it once. An export of whole new traces skips the buffering:
+its spans go in already marked, with their runs (see "an export of whole new traces" below).
+A span that arrives after the run it belongs to was written is kept and marked ``""`` (not
+recorded) and counted as rejected.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
+import orjson
 from sqlalchemy import func, insert, select, text, tuple_, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
@@ -78,9 +83,9 @@ def _clean(value, where: str):
         return None, exc.message
 
 
-def span_rows(owner_id: str, spans: list[ReceivedSpan],
-              now: datetime) -> tuple[list[dict], list[str]]:
-    """The ``otlp_span`` rows of the spans whose text can be stored, and the refusals."""
+def span_rows(owner_id: str, spans: list[ReceivedSpan]) -> tuple[list[dict], list[str]]:
+    """The ``otlp_span`` rows of the spans whose text can be stored (``received_at`` is set by
+    the transaction that stores them), and the refusals."""
     rows, refusals = [], []
     for span in spans:
         attrs, problem = _clean(span.attributes, f"span {span.span_id} attributes")
@@ -94,7 +99,7 @@ def span_rows(owner_id: str, spans: list[ReceivedSpan],
                      "parent_span_id": span.parent_span_id, "owner_id": owner_id,
                      "service_name": span.service_name, "name": name, "start_at": span.start_at,
                      "end_at": span.end_at, "status_code": span.status_code,
-                     "status_message": status_message, "attributes": attrs, "received_at": now,
+                     "status_message": status_message, "attributes": attrs, "received_at": None,
                      "run_id": None})
     return rows, refusals
 
@@ -127,8 +132,18 @@ _INSERT_JSON = text(
 
 
 def _insert_json(session: Session, rows: list[dict]) -> list[tuple[str, str]]:
-    result = session.execute(_INSERT_JSON, {"rows": json.dumps(rows, default=_iso)})
+    result = session.execute(_INSERT_JSON, {"rows": _rows_json(rows)})
     return [(trace_id, span_id) for trace_id, span_id in result]
+
+
+def _rows_json(rows: list[dict]) -> str:
+    # orjson writes datetimes itself and is several times faster than ``json.dumps`` with a
+    # ``default`` hook (a tenth of the receiver's time). It refuses integers beyond 64 bits,
+    # which span attributes may hold: those exports take the standard library's way.
+    try:
+        return orjson.dumps(rows).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(rows, default=_iso)
 
 
 def _iso(value):
@@ -457,10 +472,14 @@ _CLAIM_JSON = text(
     "WHERE s.trace_id = c.trace_id AND s.span_id = c.span_id AND s.run_id IS NULL")
 
 
-def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) -> int | None:
+def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known,
+                 claim: Callable[[Session, list[tuple[_Node, int]]], bool] | None = None
+                 ) -> int | None:
     """Write the trees (each with the number of its trace's spans it was built from) in one
-    transaction. 0 when another server recorded one of them first, None when spans of a trace
-    arrived since it was read: the caller rebuilds. All or nothing."""
+    transaction. 0 when another server recorded one of them first (``claim``, by default the
+    compare-and-set on stored spans, answered False), None when spans of a trace arrived since
+    it was read: the caller rebuilds. All or nothing."""
+    claim = claim or _claim
     agents, sessions = _agents_and_sessions(db, trees, known)
     imported = [_imported(top, agents, top.row.owner_id, sessions.get(top.run_id))
                 for top, _seen in trees]
@@ -468,20 +487,16 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) ->
     # SQLite: built before the write transaction, whose BEGIN IMMEDIATE holds the write lock.
     # PostgreSQL: inside it, before the claims take any row lock.
     batch = None if db.is_postgres else importer.prepare(imported)
-    spans = OtlpSpan.__table__
     try:
         with db.write() as s:
             if batch is None:
                 batch = importer.prepare_in(s, imported)
-            if not _claim(s, trees):
+            if not claim(s, trees):
                 raise _Lost(0)
             # Counted after the claims: a span stored by a request that committed before this
             # point is seen here (and the tree is rebuilt with it); one that commits later sees
             # these trees once they are committed, and reports itself as late.
-            stored: dict[str, int] = dict(s.execute(
-                select(spans.c.trace_id, func.count())
-                .where(spans.c.trace_id.in_([top.row.trace_id for top, _ in trees]))
-                .group_by(spans.c.trace_id)).tuples().all())
+            stored = _stored_counts(s, {top.row.trace_id for top, _ in trees})
             if any(stored.get(top.row.trace_id) != seen for top, seen in trees):
                 raise _Lost(None)
             importer.write_prepared(s, batch)
@@ -491,11 +506,35 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known) ->
     return batch.tally()[0]
 
 
-def _tops(rows: list[_Span], now: datetime, quiet_seconds: float, force: bool) -> list[_Span]:
-    """The spans of one trace that are ready to be written as root runs."""
-    by_id = {r.span_id: r for r in rows}
-    quiet = force or max((r.received_at for r in rows), default=now) <= now - timedelta(
+def _quiet(rows: list[_Span], now: datetime, quiet_seconds: float) -> bool:
+    """No span of the trace arrived in the last ``quiet_seconds``."""
+    return max((r.received_at for r in rows), default=now) <= now - timedelta(
         seconds=quiet_seconds)
+
+
+# One index probe per trace, whatever the planner believes: with ``trace_id IN (…)`` and no
+# statistics yet on a growing table (before autovacuum's first ANALYZE), PostgreSQL estimates a
+# third of the table per 64 traces and scans all of it (58 ms at 184k spans, against 3 ms).
+_STORED_COUNTS = text(
+    "SELECT t.id, c.n FROM unnest(CAST(:ids AS text[])) AS t(id) CROSS JOIN LATERAL "
+    "(SELECT count(*) AS n FROM otlp_span AS s WHERE s.trace_id = t.id) AS c")
+
+
+def _stored_counts(session: Session, trace_ids: set[str]) -> dict[str, int]:
+    """How many spans of each of these traces are stored (0 for none)."""
+    if dialect.name(session) == "postgresql":
+        return dict(session.execute(_STORED_COUNTS, {"ids": sorted(trace_ids)}).tuples().all())
+    spans = OtlpSpan.__table__
+    stored = dict(session.execute(
+        select(spans.c.trace_id, func.count()).where(spans.c.trace_id.in_(trace_ids))
+        .group_by(spans.c.trace_id)).tuples().all())
+    return {t: stored.get(t, 0) for t in trace_ids}
+
+
+def _tops(rows: list[_Span], *, quiet: bool) -> list[_Span]:
+    """The spans of one trace that are ready to be written as root runs; in a ``quiet`` trace
+    also the top agent spans whose chain up to the root is incomplete."""
+    by_id = {r.span_id: r for r in rows}
     tops = []
     agents_present = any(mapping.is_agent_span(r.attributes) for r in rows)
     for row in rows:
@@ -576,7 +615,7 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
         with db.read(primary=True) as s:
             rows = _trace_rows(s, [trace_id]).get(trace_id, [])
             trees = [(_build(top, rows), len(rows))
-                     for top in _tops(rows, now, quiet_seconds, force)]
+                     for top in _tops(rows, quiet=force or _quiet(rows, now, quiet_seconds))]
             looked_up = _read_known(s, trees)
         if not trees:
             break
@@ -603,7 +642,7 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
     with db.read(primary=True) as s:  # one read transaction: the spans, then their agents
         by_trace = _trace_rows(s, trace_ids, known)
         trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
-                 for top in _tops(rows, now, quiet_seconds, False)]
+                 for top in _tops(rows, quiet=_quiet(rows, now, quiet_seconds))]
         looked_up = _read_known(s, trees) if trees else None
     if looked_up is None:
         return 0, set()
@@ -669,25 +708,34 @@ def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
 
 def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
                   quiet_seconds: float = DEFAULT_QUIET_SECONDS) -> ExportOutcome:
-    """Store an export's spans (one transaction), then write the runs that became ready."""
+    """Store an export's spans and write the runs that became ready: in one transaction when
+    the export holds whole new traces, else the spans first, then the trees they complete."""
     outcome = ExportOutcome(received=len(spans))
-    with db.write() as s:
-        now = dialect.now(s)
-        rows, refusals = span_rows(owner_id, spans, now)
-        new = store_spans(s, rows)
-    outcome.new = len(new)
+    rows, refusals = span_rows(owner_id, spans)
     outcome.rejected += len(refusals)
     outcome.messages += refusals
+    firsts = _first_copies(rows)  # a span sent twice in one export is stored as its first copy
+    trees = _whole_traces(firsts)
+    if trees is not None:
+        written = _write_whole_traces(db, firsts, trees)
+        if written is not None:
+            outcome.new, outcome.runs_written = len(firsts), written
+            return outcome
+    with db.write() as s:
+        now = dialect.now(s)
+        for row in rows:
+            row["received_at"] = now
+        # Sorted by key (stable: a span sent twice keeps its first copy first), like the
+        # whole-trace insert: requests inserting some of the same spans then wait for each other
+        # on the primary key in one order, never in a cycle.
+        new = store_spans(s, sorted(rows, key=_key))
+        _lock_traces(s, {t for t, _ in new}, exclusive=False)
+    outcome.new = len(new)
     traces = {t for t, _ in new}
     if traces:
-        # The rows just stored are handed on rather than read back; a span sent twice in one
-        # export was stored as its first copy.
+        # The rows just stored are handed on rather than read back.
         fresh = set(new)
-        known: dict[tuple[str, str], dict] = {}
-        for row in rows:
-            key = (row["trace_id"], row["span_id"])
-            if key in fresh:
-                known.setdefault(key, row)
+        known = {key: row for key, row in firsts.items() if key in fresh}
         written, settled = process_traces(db, traces, now, quiet_seconds, known)
         outcome.runs_written += written
         traces -= settled
@@ -698,6 +746,95 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
             outcome.messages.append(f"{late} span(s) arrived after the run they belong to "
                                     "was recorded; they are kept but not recorded")
     return outcome
+
+
+def _key(row: dict) -> tuple[str, str]:
+    return row["trace_id"], row["span_id"]
+
+
+def _first_copies(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    firsts: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        firsts.setdefault(_key(row), row)
+    return firsts
+
+
+# --- an export of whole new traces: its spans stored already claimed -----------------------------
+#
+# The usual export (a BatchSpanProcessor's, a framework's at the end of a run) carries whole
+# traces that nothing stored yet. Their trees are built from the export alone, and the spans go
+# in already marked with their runs, in the transaction that writes the runs: no commit of
+# unclaimed spans, no read-back, no claim. If any span of those traces turns out to be stored
+# already (a re-export, a trace split across exports), that transaction rolls back and the export
+# takes the general path.
+#
+# Two requests storing spans of one trace must not both miss the other: the general path reads
+# a trace after committing its spans, so it sees spans committed before; a whole-trace write
+# makes its spans visible only with its runs. So storing a span takes a lock on its trace until
+# commit: shared on the general path, exclusive on this one, taken after the spans are inserted
+# and before they are counted. A general-path span that committed before the count is counted
+# (this export steps aside); one that did not yet commit waits for the whole-trace write, and its
+# own request then finds the recorded run and reports the span as late.
+
+
+def _whole_traces(rows: dict[tuple[str, str], dict]) -> list[tuple[_Node, int]] | None:
+    """The run trees of an export whose every span belongs to a tree it holds in full (each top
+    agent span's chain reaches its trace's root), each with its trace's number of spans; None
+    when some span would be left waiting."""
+    by_trace: dict[str, list[_Span]] = defaultdict(list)
+    for row in rows.values():
+        by_trace[row["trace_id"]].append(_Span(**row))
+    trees: list[tuple[_Node, int]] = []
+    for spans in by_trace.values():
+        built = [_build(top, spans) for top in _tops(spans, quiet=False)]
+        used = {span.span_id for top in built for node in _nodes(top)
+                for span in (node.row, *node.content)}
+        if len(used) != len(spans):
+            return None
+        trees += [(top, len(spans)) for top in built]
+    return trees or None
+
+
+def _write_whole_traces(db: Database, rows: dict[tuple[str, str], dict],
+                        trees: list[tuple[_Node, int]]) -> int | None:
+    """Store the spans of whole new traces already claimed, with their runs, in one transaction;
+    the runs written, or None (nothing written) when a span of those traces is stored already."""
+    with db.read(primary=True) as s:
+        now = dialect.now(s)
+        if any(_stored_counts(s, {top.row.trace_id for top, _ in trees}).values()):
+            return None  # a re-export, or the rest of a trace: not new
+        known = _read_known(s, trees)
+    run_of = {(node.row.trace_id, span.span_id): node.run_id for top, _ in trees
+              for node in _nodes(top) for span in (node.row, *node.content)}
+    # Sorted by key, as on the general path (no waiting in a cycle on the primary key).
+    claimed = [{**row, "received_at": now, "run_id": run_of[key]}
+               for key, row in sorted(rows.items())]
+
+    def store_claimed(s: Session, _trees) -> bool:
+        if len(store_spans(s, claimed)) != len(claimed):
+            return False
+        _lock_traces(s, {row["trace_id"] for row in claimed}, exclusive=True)
+        return True
+
+    return _write_trees(db, trees, known, claim=store_claimed) or None
+
+
+_TRACE_LOCKS = 0x6F746C70  # the advisory lock space of trace ids ("otlp"), two-key form
+_LOCK_SHARED = text("SELECT count(pg_advisory_xact_lock_shared(:space, k)) "
+                    "FROM unnest(CAST(:keys AS integer[])) AS k")
+_LOCK_EXCLUSIVE = text("SELECT count(pg_advisory_xact_lock(:space, k)) "
+                       "FROM unnest(CAST(:keys AS integer[])) AS k")
+
+
+def _lock_traces(session: Session, trace_ids: set[str], *, exclusive: bool) -> None:
+    """Hold these traces' locks until commit (PostgreSQL; SQLite's writers are serialised
+    already). Keys in ascending order, so lockers never wait for each other in a cycle; two
+    traces sharing a key only wait needlessly."""
+    if not trace_ids or dialect.name(session) != "postgresql":
+        return
+    keys = sorted({zlib.crc32(t.encode()) - 2**31 for t in trace_ids})
+    session.execute(_LOCK_EXCLUSIVE if exclusive else _LOCK_SHARED,
+                    {"space": _TRACE_LOCKS, "keys": keys})
 
 
 def flush_quiet_traces(db: Database, *, quiet_seconds: float = DEFAULT_QUIET_SECONDS,
