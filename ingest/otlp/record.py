@@ -23,7 +23,20 @@ from datetime import datetime, timedelta
 from typing import cast
 
 import orjson
-from sqlalchemy import func, insert, select, text, tuple_, update
+from sqlalchemy import (
+    Select,
+    Text,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -579,6 +592,29 @@ class _Span:
 # Who is in a trace and who recorded what: all that _mark_late needs, and the first look of
 # _trace_rows (no attributes to decode).
 _SHAPE = (OtlpSpan.trace_id, OtlpSpan.span_id, OtlpSpan.parent_span_id, OtlpSpan.run_id)
+_TRACE_IDS = (func.unnest(sql_cast(bindparam("ids"), ARRAY(Text))).table_valued("id")
+              .render_derived().alias("t"))
+
+
+def _per_trace(columns) -> Select:
+    """``columns`` of the spans of the traces in ``ids``, one primary-key probe per trace (as
+    ``_STORED_COUNTS``); OFFSET 0 keeps the planner from turning the probes back into a join
+    that it may choose to run as a scan."""
+    probe = select(*columns).where(OtlpSpan.trace_id == _TRACE_IDS.c.id).offset(0).lateral("x")
+    return select(*probe.c).select_from(_TRACE_IDS).join(probe, true())
+
+
+_PER_TRACE_SHAPE = _per_trace(_SHAPE)
+_PER_TRACE_FULL = _per_trace(OtlpSpan.__table__.c)
+
+
+def _spans_of(session: Session, trace_ids, *, full: bool = False):
+    """The rows (``_SHAPE``, or whole with ``full``) of the stored spans of these traces."""
+    ids = sorted(set(trace_ids))
+    if dialect.name(session) == "postgresql":
+        return session.execute(_PER_TRACE_FULL if full else _PER_TRACE_SHAPE, {"ids": ids})
+    columns = OtlpSpan.__table__.c if full else _SHAPE
+    return session.execute(select(*columns).where(OtlpSpan.trace_id.in_(ids)))
 
 
 def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, list[_Span]]:
@@ -586,15 +622,13 @@ def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, l
     just stored). ``known`` holds rows this request has just stored, by (trace_id, span_id):
     only their ``run_id`` is read back, not their attributes again."""
     known = known or {}
-    table = OtlpSpan.__table__
     # Plain tuples: a Row's attribute look-up costs about a microsecond, ~20 of them a span.
-    shape = s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))).tuples().all()
+    shape = _spans_of(s, trace_ids).tuples().all()
     unknown = {trace_id for trace_id, span_id, _parent, _run in shape
                if (trace_id, span_id) not in known}
     full = {}
     if unknown:
-        full = {(r.trace_id, r.span_id): r._mapping for r in s.execute(
-            select(table).where(table.c.trace_id.in_(list(unknown))))}
+        full = {(r.trace_id, r.span_id): r._mapping for r in _spans_of(s, unknown, full=True)}
     by_trace: dict[str, list[_Span]] = defaultdict(list)
     for trace_id, span_id, _parent, run_id in shape:
         key = (trace_id, span_id)
@@ -675,10 +709,9 @@ def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
     every waiting span under the run it recorded, but counts only its own): those count here,
     so that every span of an export is either recorded or reported as rejected exactly once."""
     late = 0
-    table = OtlpSpan.__table__
     by_trace: dict[str, list] = defaultdict(list)
     with db.read(primary=True) as s:
-        for row in s.execute(select(*_SHAPE).where(table.c.trace_id.in_(list(trace_ids)))):
+        for row in _spans_of(s, trace_ids):
             by_trace[row.trace_id].append(row)
     marks = []
     for trace_id, spans in by_trace.items():
