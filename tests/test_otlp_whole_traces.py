@@ -29,7 +29,7 @@ CHAT = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m-1",
         "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5}
 TOOL = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
         "gen_ai.tool.call.arguments": '{"q": 1}', "gen_ai.tool.call.result": "1"}
-COUNTS = "CROSS JOIN LATERAL"  # the statement that counts a trace's stored spans (PostgreSQL)
+COUNTS = "count(*) AS n"  # the statement that counts a trace's stored spans (PostgreSQL)
 
 
 def _span(trace: str, span_id: str, parent: str | None, attrs: dict, start_ms: int,

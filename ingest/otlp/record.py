@@ -525,18 +525,10 @@ def _quiet(rows: list[_Span], now: datetime, quiet_seconds: float) -> bool:
         seconds=quiet_seconds)
 
 
-# One index probe per trace, whatever the planner believes: with ``trace_id IN (…)`` and no
-# statistics yet on a growing table (before autovacuum's first ANALYZE), PostgreSQL estimates a
-# third of the table per 64 traces and scans all of it (58 ms at 184k spans, against 3 ms).
-_STORED_COUNTS = text(
-    "SELECT t.id, c.n FROM unnest(CAST(:ids AS text[])) AS t(id) CROSS JOIN LATERAL "
-    "(SELECT count(*) AS n FROM otlp_span AS s WHERE s.trace_id = t.id) AS c")
-
-
 def _stored_counts(session: Session, trace_ids: set[str]) -> dict[str, int]:
     """How many spans of each of these traces are stored (0 for none)."""
     if dialect.name(session) == "postgresql":
-        return dict(session.execute(_STORED_COUNTS, {"ids": sorted(trace_ids)}).tuples().all())
+        return dict(session.execute(_PER_TRACE_COUNT, {"ids": sorted(trace_ids)}).tuples().all())
     spans = OtlpSpan.__table__
     stored = dict(session.execute(
         select(spans.c.trace_id, func.count()).where(spans.c.trace_id.in_(trace_ids))
@@ -596,16 +588,20 @@ _TRACE_IDS = (func.unnest(sql_cast(bindparam("ids"), ARRAY(Text))).table_valued(
               .render_derived().alias("t"))
 
 
-def _per_trace(columns) -> Select:
-    """``columns`` of the spans of the traces in ``ids``, one primary-key probe per trace (as
-    ``_STORED_COUNTS``); OFFSET 0 keeps the planner from turning the probes back into a join
-    that it may choose to run as a scan."""
+# One primary-key probe per trace, whatever the planner believes: with ``trace_id IN (…)`` and
+# no statistics yet on a growing table (before autovacuum's first ANALYZE), PostgreSQL estimates
+# a third of the table per 64 traces and scans all of it (58 ms at 184k spans, against 3 ms).
+def _per_trace(*columns, with_id: bool = False) -> Select:
+    """``columns`` of the spans of the traces in ``ids`` (after each trace id with ``with_id``);
+    OFFSET 0 keeps the planner from turning the probes back into a join it may run as a scan."""
     probe = select(*columns).where(OtlpSpan.trace_id == _TRACE_IDS.c.id).offset(0).lateral("x")
-    return select(*probe.c).select_from(_TRACE_IDS).join(probe, true())
+    ids = [_TRACE_IDS.c.id] if with_id else []
+    return select(*ids, *probe.c).select_from(_TRACE_IDS).join(probe, true())
 
 
-_PER_TRACE_SHAPE = _per_trace(_SHAPE)
-_PER_TRACE_FULL = _per_trace(OtlpSpan.__table__.c)
+_PER_TRACE_SHAPE = _per_trace(*_SHAPE)
+_PER_TRACE_FULL = _per_trace(*OtlpSpan.__table__.c)
+_PER_TRACE_COUNT = _per_trace(func.count().label("n"), with_id=True)  # 0 for a trace not stored
 
 
 def _spans_of(session: Session, trace_ids, *, full: bool = False):
