@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import String, and_, bindparam, func, insert, literal, select, type_coerce
 from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert, dialect
-from agentledger.core.database import execute, read_one
+from agentledger.core.database import AutocommitWrites, Database, execute, read_one
 from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
 from agentledger.core.hashing import (
     GENESIS_HASH,
@@ -304,28 +304,157 @@ def post_message(
     if checksum is None:
         raise ValueError("post_message needs the request or its checksum")
     key_hash = idempotency_key_hash(idempotency_key)
-    chat = read_one(
-        session, _lookup_statement(dialect.name(session), scoped=visible_to is not None),
-        {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
-         "key_hash": key_hash},
-    )
+    chat = _found(read_one(session, _lookup_statement(dialect.name(session),
+                                                      scoped=visible_to is not None),
+                           _lookup_params(session_id, visible_to, agent_id, key_hash)),
+                  session_id)
+    replayed = _replay_of_lookup(chat, checksum)
+    if replayed is not None:
+        return replayed
+    now = dialect.now(session, read=chat.now)
+    # The run belongs to the conversation's owner (see _new_run).
+    take_run_slot(session, chat.owner_id, rate_limit_per_minute, now=now)
+    pack, blobs = context_pack(context or [])
+    new = _new_run(chat, session_id=session_id, agent_id=agent_id, content=content, pack=pack,
+                   key_hash=key_hash, checksum=checksum, redaction_count=redactor.count, now=now)
+    postgres = dialect.name(session) == "postgresql"
+    if postgres:
+        # The run, its user message, run.queued and the queue's NOTIFY in one round trip.
+        inserted = execute(session, _CREATE_RUN_POSTGRES, new.create_params()).first()
+    else:
+        inserted = session.execute(_insert_run_statement(dialect.name(session)), new.row).first()
+    if inserted is None:
+        # A concurrent request with the same key committed first: answer as its replay.
+        earlier = _replay(session, new.row["owner_id"], key_hash, checksum)
+        if earlier is None:  # pragma: no cover - the conflicting row is committed and visible
+            raise IdempotencyConflict("a concurrent request with this key did not complete")
+        return earlier
+
+    if postgres:
+        dialect.notified(session, dialect.QUEUE_CHANNEL, new.run_id)
+    else:
+        session.execute(_INSERT_MESSAGE, new.user_message())
+        session.execute(_INSERT_EVENT, [new.queued])
+        dialect.notify(session, dialect.QUEUE_CHANNEL, new.run_id)
+    _store_blobs(session, blobs)
+    return new.posted
+
+
+def post_message_alone(
+    db: Database,
+    *,
+    owner_id: str,
+    session_id: str,
+    idempotency_key: str,
+    content: str,
+    request: tuple[str, Any],
+    agent_id: str | None = None,
+    context: list[ContextItem] | None = None,
+    visible_to: str | None = None,
+    rate_limit_per_minute: int = 0,
+) -> PostedMessage:
+    """A message post that is its own transaction: what ``post_message`` does in a
+    ``db.write()`` of its own, with the same checks, rows, errors and result.
+
+    On PostgreSQL, when the post has nothing to write besides the run's one statement (no
+    per-owner rate limit, whose counter is a second write; no redaction rules; no context
+    items, whose contents are stored as blobs), the look-up and that statement run on a
+    connection in autocommit: two round trips, no ``BEGIN``, no ``COMMIT``, no ORM session. A
+    transaction would add nothing: the look-up locks nothing, so under READ COMMITTED the
+    insert would follow an equally unlocked read, and the insert is one statement (the run,
+    its user message, ``run.queued`` and the queue's ``NOTIFY``), atomic alone. A key used
+    since the look-up (a concurrent duplicate: the unique constraint's ``ON CONFLICT DO
+    NOTHING`` inserts nothing) takes the transaction, whose look-up answers as its replay.
+    """
+    if db.is_postgres and rate_limit_per_minute <= 0 and not db.redactor.active and not context:
+        with db.autocommit_writes() as alone:
+            assert alone is not None
+            posted = _post_alone(alone, session_id=session_id, agent_id=agent_id,
+                                 content=content, visible_to=visible_to,
+                                 key_hash=idempotency_key_hash(idempotency_key),
+                                 checksum=request_checksum(*request))
+        if posted is not None:
+            return posted
+    with db.write() as s:
+        return post_message(s, owner_id=owner_id, session_id=session_id,
+                            idempotency_key=idempotency_key, request=request, content=content,
+                            agent_id=agent_id, context=context, visible_to=visible_to,
+                            rate_limit_per_minute=rate_limit_per_minute)
+
+
+def _post_alone(alone: AutocommitWrites, *, session_id: str, agent_id: str | None, content: str,
+                visible_to: str | None, key_hash: str, checksum: str) -> PostedMessage | None:
+    """The autocommit post of ``post_message_alone``; None when the key was taken since the
+    look-up."""
+    chat = _found(alone.read_one(_lookup_statement("postgresql", scoped=visible_to is not None),
+                                 _lookup_params(session_id, visible_to, agent_id, key_hash)),
+                  session_id)
+    replayed = _replay_of_lookup(chat, checksum)
+    if replayed is not None:
+        return replayed
+    new = _new_run(chat, session_id=session_id, agent_id=agent_id, content=content,
+                   pack=context_pack([])[0], key_hash=key_hash, checksum=checksum,
+                   redaction_count=0, now=chat.now.astimezone(UTC))
+    if alone.write(_CREATE_RUN_POSTGRES, new.create_params()).first() is None:
+        return None
+    alone.notified(dialect.QUEUE_CHANNEL, new.run_id)
+    return new.posted
+
+
+def _lookup_params(session_id: str, visible_to: str | None, agent_id: str | None,
+                   key_hash: str) -> dict[str, Any]:
+    return {"session_id": session_id, "visible_to": visible_to, "agent_id": agent_id,
+            "key_hash": key_hash}
+
+
+def _found(chat, session_id: str) -> Any:
+    """The look-up's row; ``NotFound`` for a session the caller may not see."""
     if chat is None:
         raise NotFound(f"session {session_id} does not exist")
-    # The run belongs to the conversation's owner, and so does the idempotency key space
-    # (an admin posting into a user's session acts within that user's keys).
-    owner_id = chat.owner_id
+    return chat
+
+
+def _replay_of_lookup(chat, checksum: str) -> PostedMessage | None:
+    """The earlier run's replay when the look-up found the key used, else None."""
     if chat.earlier_run_id is not None:
         return _replayed(chat.earlier_run_id, chat.earlier_message_id, chat.earlier_agent_id,
                          chat.earlier_snapshot, chat.earlier_checksum, checksum)
-    now = dialect.now(session, read=chat.now)
-    take_run_slot(session, owner_id, rate_limit_per_minute, now=now)
+    return None
+
+
+@dataclass(frozen=True)
+class _NewRun:
+    """A posted message's run row and its ``run.queued`` event, made of the look-up's row."""
+
+    row: dict[str, Any]
+    queued: dict[str, Any]
+    posted: PostedMessage
+
+    @property
+    def run_id(self) -> str:
+        return self.row["id"]
+
+    def user_message(self) -> dict[str, Any]:
+        row = self.row
+        return {"id": row["user_message_id"], "session_id": row["session_id"],
+                "thread_id": row["thread_id"], "owner_id": row["owner_id"], "role": "user",
+                "content": row["input"], "run_id": row["id"], "created_at": row["created_at"]}
+
+    def create_params(self) -> dict[str, Any]:
+        """The parameters of ``_CREATE_RUN_POSTGRES``."""
+        return {**self.row, "event_data": self.queued["data"], "event_hash": self.queued["hash"],
+                "channel": dialect.QUEUE_CHANNEL}
+
+
+def _new_run(chat, *, session_id: str, agent_id: str | None, content: str, pack: dict[str, Any],
+             key_hash: str, checksum: str, redaction_count: int, now: datetime) -> _NewRun:
+    # The run belongs to the conversation's owner, and so does the idempotency key space
+    # (an admin posting into a user's session acts within that user's keys).
     chosen_agent = agent_id or chat.agent_id
     if chat.version is None:
         raise UnknownAgent(f"agent {chosen_agent!r} is not registered")
     # The looked-up row has the version's columns; its agent_id is the session's agent.
     snapshot = {**snapshot_of(chat), "agent_id": chosen_agent}
-    pack, blobs = context_pack(context or [])
-
     run_id, message_id = new_id("run"), new_id("msg")
     queued, chain = _queued_event(
         run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None}, now
@@ -336,7 +465,7 @@ def post_message(
         "session_id": session_id,
         "root_run_id": run_id,
         "parent_run_id": None,
-        "owner_id": owner_id,
+        "owner_id": chat.owner_id,
         "agent_id": chosen_agent,
         "agent_version": snapshot["version"],
         "status": "queued",
@@ -348,43 +477,12 @@ def post_message(
         "last_event_hash": chain,
         "idempotency_key_hash": key_hash,
         "request_checksum": checksum,
-        "redaction_count": redactor.count,
+        "redaction_count": redaction_count,
         "created_at": now,
     }
-    postgres = dialect.name(session) == "postgresql"
-    if postgres:
-        # The run, its user message, run.queued and the queue's NOTIFY in one round trip.
-        inserted = execute(session, _CREATE_RUN_POSTGRES, {
-            **row, "event_data": queued["data"], "event_hash": chain,
-            "channel": dialect.QUEUE_CHANNEL,
-        }).first()
-    else:
-        inserted = session.execute(_insert_run_statement(dialect.name(session)), row).first()
-    if inserted is None:
-        # A concurrent request with the same key committed first: answer as its replay.
-        earlier = _replay(session, owner_id, key_hash, checksum)
-        if earlier is None:  # pragma: no cover - the conflicting row is committed and visible
-            raise IdempotencyConflict("a concurrent request with this key did not complete")
-        return earlier
-
-    if postgres:
-        dialect.notified(session, dialect.QUEUE_CHANNEL, run_id)
-    else:
-        session.execute(_INSERT_MESSAGE, {
-            "id": message_id, "session_id": session_id, "thread_id": chat.thread_id,
-            "owner_id": owner_id, "role": "user", "content": content, "run_id": run_id,
-            "created_at": now,
-        })
-        session.execute(_INSERT_EVENT, [queued])
-        dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
-    _store_blobs(session, blobs)
-    return PostedMessage(
-        message_id=message_id,
-        run_id=run_id,
-        agent_id=chosen_agent,
-        agent_name=snapshot["name"],
-        replayed=False,
-    )
+    return _NewRun(row, queued, PostedMessage(message_id=message_id, run_id=run_id,
+                                              agent_id=chosen_agent, agent_name=snapshot["name"],
+                                              replayed=False))
 
 
 def create_child_run(

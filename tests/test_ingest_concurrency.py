@@ -6,9 +6,7 @@ posts); the same tests also run on SQLite, where ``BEGIN IMMEDIATE`` serialises 
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import event, func, select
@@ -20,27 +18,13 @@ from support.ledger import (
     counts,
     event_types,
 )
+from support.races import run_together
 
 from agentledger.core.errors import CancelRequested, LedgerError, RunTerminal
 from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
 from ingest.events import append_events
 from ingest.leases import claim_runs
-
-
-def run_together(n: int, work) -> list:
-    """Call ``work(i)`` in ``n`` threads released at the same instant; return results/errors."""
-    barrier = threading.Barrier(n)
-
-    def task(i):
-        barrier.wait(timeout=30)
-        try:
-            return work(i)
-        except Exception as exc:  # noqa: BLE001 - returned to the test, which checks it
-            return exc
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(task, range(n)))
 
 
 def test_concurrent_duplicate_posts_make_exactly_one_run(db):

@@ -11,7 +11,7 @@ from agentledger.api.requests import CreateSessionBody, ListQuery, PatchSessionB
 from agentledger.api.responses import MessageList, PostMessageOut, SessionList, SessionOut
 from agentledger.core.errors import IdempotencyKeyRequired, NotFound
 from ingest.admin_log import record
-from ingest.runs import ContextItem, post_message
+from ingest.runs import ContextItem, post_message_alone
 from ingest.sessions import create_session, delete_session, update_session
 from queries.sessions import get_session, list_sessions, session_messages
 
@@ -104,19 +104,18 @@ def _idempotency_key() -> str:
 def messages_post(session_id: str, body: PostMessageBody, raw_body):
     key = _idempotency_key()
     context = [ContextItem(c.id, c.title, c.content, c.version) for c in body.context or []]
-    with state().db.write() as s:
-        posted = post_message(
-            s,
-            owner_id=principal().owner_id,
-            session_id=session_id,
-            idempotency_key=key,
-            request=(request.path, raw_body),
-            content=body.content,
-            agent_id=body.agent_id,
-            context=context,
-            visible_to=owner_scope(),
-            rate_limit_per_minute=state().settings.run_rate_limit,
-        )
+    posted = post_message_alone(
+        state().db,
+        owner_id=principal().owner_id,
+        session_id=session_id,
+        idempotency_key=key,
+        request=(request.path, raw_body),
+        content=body.content,
+        agent_id=body.agent_id,
+        context=context,
+        visible_to=owner_scope(),
+        rate_limit_per_minute=state().settings.run_rate_limit,
+    )
     response = jsonify(posted.response())
     response.status_code = 202
     if posted.replayed:

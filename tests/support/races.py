@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,8 @@ from agentledger.core.schema import AgentRun, RunEvent
 from support.seeds import SEED, seeded
 
 __all__ = ["SEED", "Answer", "Interleaving", "ORDERED", "Outcome", "event_counts",
-           "fire_together", "interleave", "seeded", "status_counts", "terminal_counts"]
+           "fire_together", "interleave", "run_together", "seeded", "status_counts",
+           "terminal_counts"]
 
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.interrupted")
 
@@ -28,6 +30,21 @@ TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.interrup
 # --------------------------------------------------------------------------------------------
 # concurrent HTTP
 # --------------------------------------------------------------------------------------------
+
+
+def run_together(n: int, work) -> list:
+    """Call ``work(i)`` in ``n`` threads released at the same instant; return results/errors."""
+    barrier = threading.Barrier(n)
+
+    def task(i):
+        barrier.wait(timeout=30)
+        try:
+            return work(i)
+        except Exception as exc:  # noqa: BLE001 - returned to the test, which checks it
+            return exc
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(task, range(n)))
 
 
 @dataclass

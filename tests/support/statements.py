@@ -14,10 +14,13 @@ from sqlalchemy import event
 
 
 @contextmanager
-def statements_sent(db, before: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+def statements_sent(db, before: Callable[[str], None] | None = None,
+                    states: list[tuple[bool, str]] | None = None) -> Iterator[list[str]]:
     """The SQL text of every statement ``db``'s connections execute inside the block.
     ``before(sql)`` (PostgreSQL) runs just before each one is sent: a test can make another
-    writer act between two statements of the code under test."""
+    writer act between two statements of the code under test. ``states`` (PostgreSQL) gets,
+    for each statement, its connection's autocommit and transaction status (``IDLE`` when no
+    transaction is open) as it is sent."""
     sent: list[str] = []
     if db.is_postgres:
         execute = psycopg.Cursor.execute
@@ -26,6 +29,9 @@ def statements_sent(db, before: Callable[[str], None] | None = None) -> Iterator
             text = (query if isinstance(query, str) else query.decode()
                     if isinstance(query, bytes) else str(query))
             sent.append(text)
+            if states is not None:
+                conn = cursor.connection
+                states.append((conn.autocommit, conn.info.transaction_status.name))
             if before is not None:
                 before(text)
             return execute(cursor, query, *args, **kwargs)
