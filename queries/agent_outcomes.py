@@ -31,7 +31,7 @@ from agentledger.core.outcome_histogram import (
     WAIT_COLUMNS,
     estimate_percentiles,
 )
-from agentledger.core.outcome_sums import Durations, OutcomeSums, usage_totals
+from agentledger.core.outcome_sums import OutcomeSums, usage_totals
 from agentledger.core.read_sql import (
     exact_seconds_pg,
     histogram_bucket_pg,
@@ -215,18 +215,21 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
         return False
     query = _rollup_query(day_bound, hour_bound, minute_bound)
     found = execute(session, query, {**params, "row_limit": row_limit + 1}).all()
+    h = 16  # the first histogram column; the sums of integer buckets come back as ints
     for r in found[:row_limit]:
-        h = 16
-        acc = OutcomeSums(
-            runs=int(r[3]), by_status={r[2]: int(r[3])},
-            latency=Durations(int(r[4]), float(r[5]), _float(r[6]), _float(r[7]),
-                              [int(v) for v in r[h:h + BUCKETS]]),
-            wait=Durations(int(r[8]), float(r[9]), _float(r[10]), _float(r[11]),
-                           [int(v) for v in r[h + BUCKETS:h + 2 * BUCKETS]]),
-            input_tokens=int(r[12]), output_tokens=int(r[13]), cost_usd=float(r[14]),
-            runs_without_cost=int(r[15]),
-        )
-        versions.setdefault((r[0], r[1]), OutcomeSums()).merge(acc)
+        # added into the version's sums in place: a 30-day read adds a row per agent version
+        # and status, and an object per row cost more than the database's sum of them
+        acc = versions.get((r[0], r[1]))
+        if acc is None:
+            acc = versions[(r[0], r[1])] = OutcomeSums()
+        runs = int(r[3])
+        acc.runs += runs
+        acc.by_status[r[2]] = acc.by_status.get(r[2], 0) + runs
+        acc.latency.add_counted(int(r[4]), float(r[5]), _float(r[6]), _float(r[7]),
+                                r[h:h + BUCKETS])
+        acc.wait.add_counted(int(r[8]), float(r[9]), _float(r[10]), _float(r[11]),
+                             r[h + BUCKETS:h + 2 * BUCKETS])
+        acc.add_usage_sums(r[12], r[13], r[14], int(r[15]))
     return len(found) > row_limit
 
 

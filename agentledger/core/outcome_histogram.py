@@ -12,6 +12,8 @@ true percentile, and is clamped to the observed minimum and maximum, which the r
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -60,22 +62,23 @@ def estimate_percentiles(
     Results are clamped to ``[minimum, maximum]``, so one value, or all values in one bucket
     with equal extremes, come out exact.
     """
-    total = sum(counts)
+    # counts up to and including each bucket: a rank's bucket is the first whose count
+    # passes it, found by bisection rather than by walking the buckets at every rank
+    cumulative = list(itertools.accumulate(counts))
+    total = cumulative[-1] if cumulative else 0
     if total == 0:
         return [None for _ in fractions]
 
     def value_at(rank: int) -> float:
-        seen = 0
-        for index, c in enumerate(counts):
-            if c and rank < seen + c:
-                low, high = bucket_bounds(index, maximum)
-                if minimum is not None:
-                    low = max(low, min(minimum, high))
-                if maximum is not None:
-                    high = min(high, max(maximum, low))
-                return low + (high - low) * ((rank - seen) + 0.5) / c
-            seen += c
-        return maximum or 0.0  # pragma: no cover - rank < total always finds a bucket
+        index = bisect.bisect_right(cumulative, rank)  # rank < total: always a bucket
+        c = counts[index]
+        seen = cumulative[index] - c
+        low, high = bucket_bounds(index, maximum)
+        if minimum is not None:
+            low = max(low, min(minimum, high))
+        if maximum is not None:
+            high = min(high, max(maximum, low))
+        return low + (high - low) * ((rank - seen) + 0.5) / c
 
     found: list[float | None] = []
     for fraction in fractions:
