@@ -218,7 +218,7 @@ def _from_rollup(session: Session, split: Split, agent_id: str | None,
     h = 16  # the first histogram column; the sums of integer buckets come back as ints
     for r in found[:row_limit]:
         # added into the version's sums in place: a 30-day read adds a row per agent version
-        # and status, and an object per row cost more than the database's sum of them
+        # and status, and an object and a histogram copy per row were most of its Python time
         acc = versions.get((r[0], r[1]))
         if acc is None:
             acc = versions[(r[0], r[1])] = OutcomeSums()
