@@ -42,11 +42,16 @@ def _post_alone(db, session_id: str, content: str = "hello", *, key: str = "k-1"
 
 @contextmanager
 def commits_counted() -> Iterator[list[int]]:
+    """psycopg commits made by this thread inside the block: the code under test runs here,
+    while a thread another test left behind in this process (a pool, a listener) may commit
+    on its own connections at any moment."""
     counted = [0]
     commit = psycopg.Connection.commit
+    mine = threading.get_ident()
 
     def counting(conn):
-        counted[0] += 1
+        if threading.get_ident() == mine:
+            counted[0] += 1
         return commit(conn)
 
     psycopg.Connection.commit = counting  # type: ignore[method-assign]
