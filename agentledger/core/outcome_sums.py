@@ -78,10 +78,7 @@ class Durations:
                 histogram[index] += count
 
     def merge(self, other: Durations) -> None:
-        self.n += other.n
-        self.total += other.total
-        self.min, self.max = _lower(self.min, other.min), _higher(self.max, other.max)
-        self.histogram = [a + b for a, b in zip(self.histogram, other.histogram, strict=True)]
+        self.add_counted(other.n, other.total, other.min, other.max, other.histogram)
 
     @property
     def mean(self) -> float | None:
