@@ -11,11 +11,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, any_, bindparam, exists, func, null, select, tuple_, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    any_,
+    bindparam,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.database import execute
+from agentledger.core.database import read_all
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
@@ -89,8 +101,12 @@ def first_in_line_query(max_runs):
     first = (select(queued.id).where(queued.status == "queued")
              .distinct(queued.thread_id)
              .order_by(queued.thread_id, queued.created_at, queued.id))
+    # The active statuses as one bound value each, not an expanding ``IN``: SQLAlchemy renders
+    # an expanding list into the SQL at every execution, and a statement whose SQL is fixed can
+    # run on the driver (``claim_runs``).
     active = (select(_OTHER_RUN.id)
-              .where(_OTHER_RUN.thread_id == AgentRun.thread_id, _OTHER_RUN.status.in_(ACTIVE))
+              .where(_OTHER_RUN.thread_id == AgentRun.thread_id,
+                     _OTHER_RUN.status.in_([literal(s) for s in ACTIVE]))
               .offset(0))
     return (
         select(AgentRun.id)
@@ -142,7 +158,11 @@ def claim_runs(
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
-    chosen = execute(session, _claim_statement(session), {"max_runs": max_runs}).all()
+    # On PostgreSQL through the connection's driver (``core.database.read_all``): every turn of
+    # every executor's claim loop runs it, a third of them finding nothing when two workers
+    # wake for one queued run, and SQLAlchemy's execution of this statement cost more than the
+    # rest of an empty claim.
+    chosen = read_all(session, _claim_statement(session), {"max_runs": max_runs})
     if not chosen:
         return []
     # After the claimable rows were chosen: a run's start is never stamped before the end of

@@ -330,3 +330,33 @@ def test_the_head_advance_of_an_append_takes_the_driver_path(pg_db):
                 if key[0] is _advance_statement(_EVENTS_ONE, False, False)]
     assert compiled, "the single-event head advance did not go through the driver"
     assert _stored_events(pg_db, run_id)[-1][1:3] == ("message.delta", {"text": "hé"})
+
+
+def test_a_claims_locked_read_comes_through_the_driver_as_through_sqlalchemy(pg_db):
+    """The claim loop's statement (the runs first in line, locked, and the clock) has fixed SQL,
+    so it runs on the driver; its rows are the ones SQLAlchemy reads, snapshots and times
+    included, and a claim through it starts the run it found."""
+    from ingest.leases import _claim_statement, claim_runs
+
+    first = _queued_run(pg_db)
+    second = post(pg_db, make_session(pg_db)).run_id  # another thread: claimable too
+    with pg_db.write() as s:
+        statement = _claim_statement(s)
+        s.connection()  # connected: the dialect knows its server
+        assert DriverRead.of(statement, s.get_bind().dialect) is not None
+        through_driver = read_all(s, statement, {"max_runs": 5})
+        expected = s.connection().execute(statement, {"max_runs": 5}).all()
+        s.rollback()
+    assert [r.id for r in through_driver] == [first, second]
+    for found, read in zip(through_driver, expected, strict=True):
+        assert found._fields == read._fields
+        for name in found._fields:
+            if name != "now":  # the clock of each statement's own moment
+                assert getattr(found, name) == getattr(read, name), name
+                assert type(getattr(found, name)) is type(getattr(read, name)), name
+        assert found.now.tzinfo is UTC and found.agent_execution_snapshot["agent_id"]
+    with pg_db.write() as s:
+        claimed = claim_runs(s, "worker-1", max_runs=5)
+    assert [c.run_id for c in claimed] == [first, second]
+    with pg_db.write() as s:
+        assert claim_runs(s, "worker-2", max_runs=5) == []

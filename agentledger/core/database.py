@@ -138,7 +138,7 @@ def read_one(session: Session, statement, params: dict):
 
 def read_all(session: Session, statement, params: dict) -> list:
     """Every row of a read in the session's transaction, as ``read_one`` reads it. For the
-    stored events a run's ending sums and joins."""
+    stored events a run's ending sums and joins, and the rows a claim locks."""
     driver_read = _driver_read_in(session, statement)
     if driver_read is not None:
         return driver_read.all_in(session, params)
