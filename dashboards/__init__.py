@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from pathlib import Path
 
 import dash
@@ -48,10 +49,33 @@ def shell() -> html.Div:
     ])
 
 
+class _LockedSetupDash(Dash):
+    """Dash, with its first-request setup run once under a lock.
+
+    Dash sets its server up on the first request (a ``before_request`` hook of the whole
+    server, API routes included) behind a flag that it checks and sets without a lock. Two
+    first requests of a fresh worker at once both ran it, and one failed with a 500
+    ("dictionary changed size during iteration") while the other filled the callback map. Here
+    a request that arrives during the setup waits for it to finish."""
+
+    def __init__(self, *args, **kwargs):
+        self._setup_lock = threading.Lock()
+        self._setup_done = False
+        super().__init__(*args, **kwargs)
+
+    def _setup_server(self):
+        if self._setup_done:
+            return
+        with self._setup_lock:
+            if not self._setup_done:
+                super()._setup_server()
+                self._setup_done = True
+
+
 def mount_dashboards(server: Flask) -> Dash:
     # The guard goes first, so no Dash hook or view runs for a caller who may not see them.
     server.before_request(access.guard)
-    app = Dash(
+    app = _LockedSetupDash(
         "dashboards",
         server=server,
         url_base_pathname="/",

@@ -152,3 +152,34 @@ def test_every_api_path_answers_405_and_options_with_the_apis_own_allow(app, key
 def test_options_on_an_unknown_api_path_is_a_json_404(app):
     reply = app.test_client().options("/api/no-such-route")
     assert reply.status_code == 404 and reply.get_json()["error"]["code"] == "not_found"
+
+
+def test_first_requests_at_once_run_dashs_setup_once_and_wait_for_it(db, monkeypatch):
+    """Dash sets the server up on its first request (API routes included). Requests that
+    arrive together on a fresh app run that setup once, each waits for it, and none fails."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dash import Dash
+
+    entered = []
+    dash_setup = Dash._setup_server
+
+    def slow_setup(self):
+        entered.append(threading.get_ident())
+        time.sleep(0.3)  # a wide window before Dash checks and sets its own flag
+        dash_setup(self)
+
+    monkeypatch.setattr(Dash, "_setup_server", slow_setup)
+    app = make_app(db)
+    together = threading.Barrier(4)
+
+    def first_request(_):
+        client = app.test_client()
+        together.wait()
+        return client.get("/api/health").status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(first_request, range(4))) == [200] * 4
+    assert len(entered) == 1
