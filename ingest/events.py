@@ -28,7 +28,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    or_,
     select,
     type_coerce,
     update,
@@ -47,6 +46,7 @@ from agentledger.core.database import (
     read_all,
     read_one,
 )
+from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
@@ -315,10 +315,8 @@ def _insert_events(session: Session, rows: list[tuple]) -> None:
 _ENDING_READS = {
     with_deltas: (select(RunEvent.type, RunEvent.data)
                   .where(RunEvent.run_id == bindparam("run_id"),
-                         # not an ``in_``: its list is expanded at every execution, which
-                         # keeps the read from the driver (``core.driver_statements``)
-                         or_(*(RunEvent.type == t for t in (("usage", "message.delta")
-                                                            if with_deltas else ("usage",)))))
+                         one_of(RunEvent.type, ("usage", "message.delta") if with_deltas
+                                else ("usage",)))
                   .order_by(RunEvent.seq))
     for with_deltas in (False, True)
 }

@@ -11,23 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    Integer,
-    and_,
-    any_,
-    bindparam,
-    exists,
-    func,
-    literal,
-    null,
-    select,
-    tuple_,
-    update,
-)
+from sqlalchemy import Integer, and_, any_, bindparam, exists, func, null, select, tuple_, update
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
 from agentledger.core.database import read_all
+from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
@@ -101,12 +90,9 @@ def first_in_line_query(max_runs):
     first = (select(queued.id).where(queued.status == "queued")
              .distinct(queued.thread_id)
              .order_by(queued.thread_id, queued.created_at, queued.id))
-    # The active statuses as one bound value each, not an expanding ``IN``: SQLAlchemy renders
-    # an expanding list into the SQL at every execution, and a statement whose SQL is fixed can
-    # run on the driver (``claim_runs``).
+    # ``one_of``, not ``in_``: a fixed SQL, which lets ``claim_runs`` run it on the driver.
     active = (select(_OTHER_RUN.id)
-              .where(_OTHER_RUN.thread_id == AgentRun.thread_id,
-                     _OTHER_RUN.status.in_([literal(s) for s in ACTIVE]))
+              .where(_OTHER_RUN.thread_id == AgentRun.thread_id, one_of(_OTHER_RUN.status, ACTIVE))
               .offset(0))
     return (
         select(AgentRun.id)

@@ -36,12 +36,20 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import psycopg
+from sqlalchemy import literal
 from sqlalchemy import types as sqltypes
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, MultipleResultsFound, NoResultFound
 from sqlalchemy.orm import Session
 
 MAX_STATEMENTS = 256
+
+
+def one_of(column, values: Iterable[Any]):
+    """``column IN (…)`` with one bound value per item, so that the statement's SQL is fixed.
+    An ``in_`` of a plain list is expanded into the SQL at each execution, which keeps the
+    statement off the driver (``DriverRead.of`` refuses it) and costs that rendering each time."""
+    return column.in_([literal(value, type_=column.type) for value in values])
 
 
 class _DriverStatement:
