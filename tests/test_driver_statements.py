@@ -1,10 +1,10 @@
 """Hot statements through psycopg directly (``core.driver_statements``): the same answers as
-through SQLAlchemy, only for statements SQLAlchemy has nothing to convert in, on a pooled
+through SQLAlchemy, with parameters converted as SQLAlchemy converts them, on a pooled
 connection that is left as the pool expects it, and failures that look like SQLAlchemy's."""
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -17,6 +17,7 @@ from agentledger.core.driver_statements import DriverRead, DriverWrite
 from agentledger.core.schema import AgentRun, ApiToken
 from ingest.tokens import create_token, revoke_token
 from queries.principals import _BY_HASH, principal_from_row, principal_lookup
+from queries.run_states import run_states_read
 
 pytestmark = pytest.mark.pg_only
 
@@ -48,11 +49,40 @@ def test_the_principal_lookup_takes_the_driver_path_and_answers_as_before(pg_db)
     assert pg_db.read_row(*principal_lookup(token_hash="0" * 64)) is None
 
 
-def test_a_statement_with_a_bind_conversion_is_left_to_sqlalchemy(pg_db):
+def test_a_reads_parameters_are_converted_as_sqlalchemy_converts_them(pg_db):
+    """A parameter with a bind processor (a ``UTCDateTime``, an array) reaches the driver as
+    SQLAlchemy's execution would send it."""
+    with pg_db.write() as s:
+        token_id, _ = create_token(s, owner_id="alice", role="viewer")
+    _backend_pid(pg_db)  # the engine has connected: the driver path is open
     engine = pg_db.primary_read_engine
-    since = select(ApiToken.id).where(ApiToken.created_at >= bindparam("since"))  # UTCDateTime
-    assert DriverRead.of(since, engine) is None
     assert DriverRead.of(text("SELECT 1"), engine) is None  # no typed result columns
+    since = select(ApiToken.id).where(ApiToken.created_at >= bindparam("since"))  # UTCDateTime
+    assert DriverRead.of(since, engine) is not None
+    east = timezone(timedelta(hours=2))
+    for moment, found in ((datetime.now(east) - timedelta(hours=1), [token_id]),
+                          (datetime.now(east) + timedelta(hours=1), [])):
+        with pg_db.read() as s:
+            expected = list(s.execute(since, {"since": moment}).scalars())
+        assert expected == found
+        assert [r.id for r in pg_db.read_rows(since, {"since": moment})] == expected
+
+
+def test_the_states_of_held_runs_come_through_the_driver_as_through_sqlalchemy(pg_db):
+    """The executor's quarter-second read of the runs it holds: the ids as one array, a fixed
+    SQL, on the driver; the same rows as SQLAlchemy's ``IN``."""
+    run_ids = [_queued_run(pg_db), *(post(pg_db, make_session(pg_db)).run_id for _ in range(2))]
+    asked = [*run_ids[:2], "run_none"]
+    statement, params = run_states_read(asked, postgres=True)
+    _backend_pid(pg_db)  # the engine has connected: the driver path is open
+    assert DriverRead.of(statement, pg_db.primary_read_engine) is not None
+    through_driver = sorted(tuple(r) for r in pg_db.read_rows(statement, params, primary=True))
+    in_statement, in_params = run_states_read(asked, postgres=False)
+    with pg_db.read() as s:
+        through_sqlalchemy = sorted(tuple(r) for r in s.execute(in_statement, in_params))
+    assert through_driver == through_sqlalchemy
+    assert [r[:2] for r in through_driver] == sorted((r, "queued") for r in run_ids[:2])
+    assert pg_db.read_rows(*run_states_read([], postgres=True)) == []
 
 
 def test_a_statement_whose_sql_is_completed_at_execution_is_left_to_sqlalchemy(pg_db):

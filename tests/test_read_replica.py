@@ -20,9 +20,11 @@ from support.ports import free_port
 from agentledger.app_factory import create_app
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
+from agentledger.worker.backends import DatabaseBackend
 from ingest.agents import AgentDefinition, add_agent_version
 from ingest.tokens import create_token
 from queries.agents_catalog import get_agent
+from queries.run_states import run_states_read
 
 
 def _snapshot(primary: str, replica: str) -> None:
@@ -78,6 +80,17 @@ def test_read_after_write_and_missing_objects_fall_back_to_the_primary(replicate
     events = client.get(f"/api/agent-runs/{new_run}/events", headers=auth).get_json()
     assert [e["type"] for e in events["events"]] == ["run.queued"]
     assert client.get("/api/agent-runs/run_doesnotexist", headers=auth).status_code == 404
+
+
+def test_an_executors_read_of_the_runs_it_holds_goes_to_the_primary(replicated):
+    _client, db, _auth, chat, old_run = replicated
+    new_run = post(db, chat, "after the snapshot", owner="root").run_id
+    asked = run_states_read([old_run, new_run], postgres=db.is_postgres)
+    assert sorted(r.id for r in db.read_rows(*asked)) == [old_run]  # the replica's copy
+    assert sorted(r.id for r in db.read_rows(*asked, primary=True)) == sorted([old_run, new_run])
+    states = DatabaseBackend(db, "worker-1").run_states([old_run, new_run])
+    assert {run_id: s.status for run_id, s in states.items()} == {old_run: "queued",
+                                                                   new_run: "queued"}
 
 
 def test_the_replica_connection_refuses_writes(replicated):

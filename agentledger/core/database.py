@@ -128,8 +128,8 @@ def execute(session: Session, statement, params=None):
 
 def read_one(session: Session, statement, params: dict):
     """The one row (or None) of a single-row read in the session's transaction; on PostgreSQL
-    through the connection's driver when SQLAlchemy has nothing to convert in its parameters
-    (``core.driver_statements``: about half the CPU). For the locked-row read of every append."""
+    through the connection's driver when ``core.driver_statements`` can run it (about half the
+    CPU). For the locked-row read of every append."""
     driver_read = _driver_read_in(session, statement)
     if driver_read is not None:
         return driver_read.one_or_none_in(session, params)
@@ -586,27 +586,32 @@ class Database:
         """The one row (or None) of a read that is a single statement.
 
         On PostgreSQL it runs outside any transaction (autocommit), for the reads every request
-        makes (who is calling). On the primary a statement with nothing for SQLAlchemy to
-        convert runs on the pooled connection's driver (``core.driver_statements``: half the CPU).
+        makes (who is calling). On the primary a statement the driver can run
+        (``core.driver_statements``) runs on the pooled connection's driver: half the CPU.
         On SQLite it runs without a transaction too (``_single_statement_reads``).
         """
         return self._read_statement(stmt, params, one=True, fresh=False)
 
-    def read_rows(self, stmt, params: dict | None = None, *, fresh: bool = False) -> list:
+    def read_rows(self, stmt, params: dict | None = None, *, fresh: bool = False,
+                  primary: bool = False) -> list:
         """Every row of a read that is a single statement, read as ``read_row`` reads it.
         ``fresh``: the replica-or-primary decision is this read's alone, not the request's (a
-        loop that re-reads after notifications: an event stream)."""
-        return self._read_statement(stmt, params, one=False, fresh=fresh)
+        loop that re-reads after notifications: an event stream). ``primary``: never the
+        replica (an executor following the runs it holds)."""
+        return self._read_statement(stmt, params, one=False, fresh=fresh, primary=primary)
 
-    def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool) -> Any:
+    def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool,
+                        primary: bool = False) -> Any:
         def rows_of(result):
             return result.one_or_none() if one else result.all()
 
         if not self.is_postgres:
-            with self._single_statement_reads.connect() as connection:
+            engine = (self._single_statement_primary_reads if primary
+                      else self._single_statement_reads)
+            with engine.connect() as connection:
                 return rows_of(connection.execute(stmt, params or {}))
         connection = None
-        if self.read_url is not None:
+        if self.read_url is not None and not primary:
             connection = self._replica_connection(self._autocommit_read_engine, fresh=fresh)
         if connection is None:
             driver_read = DriverRead.of(stmt, self.primary_read_engine)
@@ -614,8 +619,8 @@ class Database:
                 engine = self.primary_read_engine
                 return (driver_read.one_or_none(engine, params) if one
                         else driver_read.all(engine, params))
-            with self._autocommit_primary_engine.connect() as primary:
-                return rows_of(primary.execute(stmt, params or {}))
+            with self._autocommit_primary_engine.connect() as on_primary:
+                return rows_of(on_primary.execute(stmt, params or {}))
         with self._on_replica(connection):
             return rows_of(connection.execute(stmt, params or {}))
 
@@ -644,6 +649,14 @@ class Database:
         and COMMIT around each of a stream's page reads and each request's principal look-up.
         """
         return self.read_engine.execution_options(**{SINGLE_STATEMENT: True})
+
+    @functools.cached_property
+    def _single_statement_primary_reads(self) -> Engine:
+        """SQLite: ``_single_statement_reads`` of the primary (the same engine when no
+        replica is configured)."""
+        if self.primary_read_engine is self.read_engine:
+            return self._single_statement_reads
+        return self.primary_read_engine.execution_options(**{SINGLE_STATEMENT: True})
 
     @functools.cached_property
     def _autocommit_primary_engine(self) -> Engine:

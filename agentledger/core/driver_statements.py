@@ -13,10 +13,10 @@ processors SQLAlchemy would apply (``UTCDateTime``'s). A statement with a numeri
 (``of`` returns None) and the caller runs it the usual way, as is one whose SQL SQLAlchemy
 completes at each execution (an ``in_`` of a list).
 
-Reads (``DriverRead``) are also refused when a parameter has a bind processor: they serve the
-read paths, which need no more. Writes (``DriverWrite``) apply each parameter's bind processor
-as SQLAlchemy's execution would (a JSON document is serialized and wrapped for psycopg, a
-``UTCDateTime`` checked and made UTC), so the driver is sent the same values.
+Reads (``DriverRead``) and writes (``DriverWrite``) apply each parameter's bind processor as
+SQLAlchemy's execution would (a JSON document is serialized and wrapped for psycopg, a
+``UTCDateTime`` checked and made UTC, an array's items made a list), so the driver is sent the
+same values.
 
 ``one_or_none`` and ``all`` read outside a transaction on a connection of an engine's pool (the
 pool's checkout checks, such as the ping after idle, apply); ``one_or_none_in``, ``all_in`` and
@@ -55,7 +55,7 @@ def one_of(column, values: Iterable[Any]):
 class _DriverStatement:
     """A compiled statement for psycopg: its SQL, its result columns' converters, its row type."""
 
-    __slots__ = ("compiled", "sql", "row_type", "converters")
+    __slots__ = ("compiled", "sql", "row_type", "converters", "processors")
 
     # Keyed by the statement object itself (module-level constants for the statements that use
     # this; its entry keeps it alive) and by the dialect's kind and server version, not the
@@ -64,11 +64,13 @@ class _DriverStatement:
     _cache: dict[tuple[Any, ...], Any]
     _lock: threading.Lock
 
-    def __init__(self, compiled, row_type, converters: tuple[tuple[int, Callable], ...]):
+    def __init__(self, compiled, row_type, converters: tuple[tuple[int, Callable], ...],
+                 processors: tuple[tuple[str, Callable], ...] = ()):
         self.compiled = compiled
         self.sql = compiled.string
         self.row_type = row_type
         self.converters = converters
+        self.processors = processors
 
     @classmethod
     def _cached(cls, key: tuple[Any, ...], compile_: Callable[[], Any]):
@@ -95,6 +97,22 @@ class _DriverStatement:
         )
         names = [c[0] for c in columns] or ["_"]
         return collections.namedtuple("DriverRow", names, rename=True), converters
+
+    @staticmethod
+    def _processors_of(compiled, dialect) -> tuple[tuple[str, Callable], ...]:
+        """Each parameter's bind processor, as SQLAlchemy's execution applies them (a JSON
+        document serialized and wrapped for psycopg, a ``UTCDateTime`` checked and made UTC,
+        an array's items listed)."""
+        return tuple(
+            (compiled.bind_names[bind], process) for bind in compiled.binds.values()
+            if (process := bind.type._cached_bind_processor(dialect)) is not None
+        )
+
+    def _values(self, params: dict | None) -> dict:
+        values = self.compiled.construct_params(params or {})
+        for name, process in self.processors:
+            values[name] = process(values[name])
+        return values
 
     def _row(self, found):
         if found is None:
@@ -132,8 +150,8 @@ class DriverRead(_DriverStatement):
     @classmethod
     def of(cls, stmt, engine_or_dialect) -> DriverRead | None:
         """The compiled read of ``stmt`` (built once per statement object and dialect), or None
-        when a parameter needs SQLAlchemy to convert it, the result has no typed columns, or the
-        engine has not connected yet."""
+        when its SQL is completed at each execution, the result has no typed columns (or a
+        numeric one), or the engine has not connected yet."""
         dialect = getattr(engine_or_dialect, "dialect", engine_or_dialect)
         if dialect.server_version_info is None:
             return None  # not connected yet: compile once the dialect knows its server
@@ -145,13 +163,11 @@ class DriverRead(_DriverStatement):
         compiled = stmt.compile(dialect=dialect)
         if compiled.post_compile_params or compiled.literal_execute_params:
             return None  # expanded into the SQL at each execution (``in_`` of a list)
-        if any(b.type._cached_bind_processor(dialect) is not None
-               for b in compiled.binds.values()):
-            return None
         if not getattr(compiled, "_result_columns", None):
             return None
         result = cls._result_of(compiled, dialect)
-        return None if result is None else cls(compiled, *result)
+        return None if result is None else cls(compiled, *result,
+                                               cls._processors_of(compiled, dialect))
 
     def one_or_none(self, engine: Engine, params: dict | None):
         """The statement's single row (a named tuple) or None, outside a transaction."""
@@ -164,23 +180,23 @@ class DriverRead(_DriverStatement):
 
     def _outside_transaction(self, engine: Engine, params: dict | None, fetch):
         with AutocommitConnection(engine) as connection:
-            return connection.run(self, self.compiled.construct_params(params or {}), fetch)
+            return connection.run(self, self._values(params), fetch)
 
     def one_or_none_on(self, connection: AutocommitConnection, params: dict | None):
         """The statement's single row (a named tuple) or None, on ``connection``."""
-        return self._row(connection.run(self, self.compiled.construct_params(params or {}),
+        return self._row(connection.run(self, self._values(params),
                                         psycopg.Cursor.fetchone))
 
     def one_or_none_in(self, session: Session, params: dict | None):
         """The statement's single row (a named tuple) or None, in ``session``'s transaction."""
-        return self._row(self._in_transaction(session, self.compiled.construct_params(params or {}),
+        return self._row(self._in_transaction(session, self._values(params),
                                               psycopg.Cursor.fetchone))
 
     def all_in(self, session: Session, params: dict | None) -> list:
         """Every row of the statement (named tuples), in ``session``'s transaction."""
         return [self._row(found)
                 for found in self._in_transaction(
-                    session, self.compiled.construct_params(params or {}), psycopg.Cursor.fetchall)]
+                    session, self._values(params), psycopg.Cursor.fetchall)]
 
 
 class WriteResult(Protocol):
@@ -226,13 +242,9 @@ class DriverWrite(_DriverStatement):
     """A compiled write (an ``INSERT`` or ``UPDATE``, ``RETURNING`` rows or not) for one set of
     parameter names, with the bind processors SQLAlchemy would apply to them."""
 
-    __slots__ = ("processors",)
+    __slots__ = ()
     _cache: dict[tuple[Any, ...], DriverWrite | None] = {}
     _lock = threading.Lock()
-
-    def __init__(self, compiled, row_type, converters, processors: tuple[tuple[str, Callable], ...]):
-        super().__init__(compiled, row_type, converters)
-        self.processors = processors
 
     @classmethod
     def of(cls, stmt, dialect, names: Iterable[str]) -> DriverWrite | None:
@@ -254,11 +266,7 @@ class DriverWrite(_DriverStatement):
         result = cls._result_of(compiled, dialect)
         if result is None:
             return None
-        processors = tuple(
-            (compiled.bind_names[bind], process) for bind in compiled.binds.values()
-            if (process := bind.type._cached_bind_processor(dialect)) is not None
-        )
-        return cls(compiled, *result, processors)
+        return cls(compiled, *result, cls._processors_of(compiled, dialect))
 
     def execute_in(self, session: Session, params: dict) -> DriverResult:
         """Run the statement in ``session``'s transaction."""
@@ -268,12 +276,6 @@ class DriverWrite(_DriverStatement):
         """Run the statement on ``connection``: a transaction of its own, committed when this
         returns."""
         return self._result(connection.run(self, self._values(params), _count_and_rows))
-
-    def _values(self, params: dict) -> dict:
-        values = self.compiled.construct_params(params)
-        for name, process in self.processors:
-            values[name] = process(values[name])
-        return values
 
     def _result(self, counted: tuple[int, list]) -> DriverResult:
         rowcount, rows = counted

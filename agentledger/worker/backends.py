@@ -14,15 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import select
-
 from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
-from agentledger.core.schema import AgentRun
 from ingest.events import AppendResult, append_events_alone
 from ingest.leases import ClaimedRun, Heartbeat, claim_runs, heartbeat
 from ingest.reconcile import interrupt_executor_runs
 from ingest.runs import create_child_run
+from queries.run_states import run_states_read
 from queries.thread_history import as_turns, thread_history
 
 
@@ -94,11 +92,11 @@ class DatabaseBackend:
                                      executor_instance_id=self.instance_id) for c in children]
 
     def run_states(self, run_ids: list[str]) -> dict[str, RunState]:
-        with self.db.read(primary=True) as s:  # children it created a moment ago
-            rows = s.execute(
-                select(AgentRun.id, AgentRun.status, AgentRun.executor_instance_id,
-                       AgentRun.final_message_id).where(AgentRun.id.in_(run_ids))
-            ).all()
+        # The primary: children it created a moment ago. Every held run's state is read every
+        # quarter second (``Executor._monitor_loop``): one statement whose SQL is fixed (the
+        # ids as one array), which runs on the driver.
+        rows = self.db.read_rows(*run_states_read(run_ids, postgres=self.db.is_postgres),
+                                 primary=True)
         return {r.id: RunState(r.status, r.executor_instance_id, r.final_message_id) for r in rows}
 
     def interrupt_held(self, reason: str, held: list[str]) -> list[str]:
