@@ -50,6 +50,7 @@ from agentledger.core.errors import (
 from agentledger.core.notifier import EventNotifier
 from agentledger.core.vocabulary import PROGRESS_EVENTS, TERMINAL
 from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
+from agentledger.worker.run_threads import RunThreads
 from ingest.event_types import validated_data
 from ingest.leases import ClaimedRun
 
@@ -106,6 +107,7 @@ class Executor:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._flush_kick = threading.Event()
+        self._run_threads = RunThreads()
         self.started_runs = 0
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -208,9 +210,7 @@ class Executor:
         with self._active_lock:
             self._active[run.run_id] = active
         self.started_runs += 1
-        thread = threading.Thread(target=self._execute, args=(run, active),
-                                  name=f"run-{run.run_id[-8:]}", daemon=True)
-        thread.start()
+        self._run_threads.submit(self._execute, run, active)
 
     # ---- running one run -----------------------------------------------------------------
 
