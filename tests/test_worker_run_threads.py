@@ -3,9 +3,11 @@ ended after idling, and no run lost when a submit meets a thread that is just ti
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
+import weakref
 
 from agentledger.worker.run_threads import RunThreads
 
@@ -130,3 +132,20 @@ def test_a_submit_that_lands_as_the_idle_thread_times_out_is_run_by_it():
     jobs.submitted.set()  # which times out now
     assert second.wait(5), "the job of a submit that counted on a timing-out thread was lost"
     assert threads.started == 1
+
+
+class _Run:
+    """Stands for what a run's thread is handed (the claimed run, its bookkeeping)."""
+
+
+def test_a_waiting_thread_keeps_nothing_of_the_run_it_finished():
+    threads = RunThreads()
+    run = _Run()
+    gone = weakref.ref(run)
+    done = threading.Event()
+    threads.submit(lambda r: done.set(), run)
+    del run
+    assert done.wait(5)
+    _wait_for(lambda: threads._idle == 1)
+    gc.collect()
+    assert gone() is None, "an idle thread still holds its finished run"

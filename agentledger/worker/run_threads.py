@@ -27,8 +27,9 @@ class RunThreads:
         self._idle_seconds = idle_seconds
         self._jobs: queue.SimpleQueue[tuple[Callable[..., object], tuple]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        # Threads waiting for a job that no ``submit`` has counted on yet: each ``submit`` that
-        # takes one puts exactly one job, and a waiting thread leaves only by taking one back.
+        # Threads waiting for a job that no ``submit`` has counted on yet. Each ``submit`` puts
+        # one job and counts on one thread (an idle one, or one it starts); a waiting thread
+        # leaves only by taking its count back.
         self._idle = 0
         self._started = 0
 
@@ -41,18 +42,21 @@ class RunThreads:
     def submit(self, fn: Callable[..., object], *args) -> None:
         """Run ``fn(*args)`` in an idle thread, or in a new one when none is idle."""
         with self._lock:
+            self._jobs.put((fn, args))
             if self._idle:
                 self._idle -= 1
-                self._jobs.put((fn, args))
                 return
             self._started += 1
             number = self._started
-        threading.Thread(target=self._serve, args=((fn, args),), daemon=True,
-                         name=f"{self._name}-{number}").start()
+        # The new thread takes its first job from the queue too (jobs are alike: one is owed to
+        # each thread counted on), not as a thread argument, which would outlive the run.
+        threading.Thread(target=self._serve, daemon=True, name=f"{self._name}-{number}").start()
 
-    def _serve(self, job: tuple[Callable[..., object], tuple] | None) -> None:
+    def _serve(self) -> None:
+        job: tuple[Callable[..., object], tuple] | None = self._jobs.get()
         while job is not None:
             fn, args = job
+            job = None
             try:
                 fn(*args)
             except BaseException:  # noqa: BLE001 - a job's failure must not end the thread
