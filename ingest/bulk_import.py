@@ -170,8 +170,9 @@ _SESSION_COLUMNS = ("id", "owner_id", "title", "agent_id", "thread_id", "created
                     "updated_at", "deleted_at")
 
 
-def _aware(moment: datetime, where: str) -> datetime:
+def _aware(moment: datetime, where: str, seq: int | None = None) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
+        where = where if seq is None else f"{where} seq {seq}"  # named only when refused
         raise ValidationFailed(f"{where}: times must be timezone-aware datetimes")
     return moment
 
@@ -326,7 +327,7 @@ class BulkImporter:
         deltas: list[str] = []
         answer: str | None = None
         for n, event in enumerate(run.events, start=2):
-            at = _aware(event.at, f"{where} seq {n}")
+            at = _aware(event.at, where, n)
             if at < previous:
                 raise ValidationFailed(f"{where} seq {n}: event time goes backwards")
             previous = at

@@ -37,9 +37,13 @@ def timestamp_text(moment: datetime) -> str:
     """Microsecond UTC text, the precision both databases store."""
     if moment.tzinfo is not UTC:
         moment = moment.astimezone(UTC)
-    if moment.year < 1000:  # isoformat and strftime agree from year 1000 on
+    if moment.year < 1000:  # strftime's %Y and four digits agree from year 1000 on
         return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.isoformat(timespec="microseconds")[:26] + "Z"  # the same text, faster
+    # The same text as strftime, in about 60 % of the CPU of ``isoformat`` (every event's hash
+    # has one); %-formatting measured faster than the f-string with seven format specs.
+    return "%d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        moment.year, moment.month, moment.day, moment.hour, moment.minute, moment.second,
+        moment.microsecond)
 
 
 def event_hash(

@@ -16,13 +16,18 @@ _ALPHABET_SET = frozenset(_ALPHABET)
 _lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
+# Every 10-bit value as its two characters: an id is written two characters at a time, which
+# takes half the CPU of one at a time (every run, message and thread gets an id).
+_PAIRS = tuple(first + second for first in _ALPHABET for second in _ALPHABET)
+
 
 def _encode(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    """``length`` base32 digits of ``value``, most significant first."""
+    text = "".join([_PAIRS[(value >> shift) & 1023]
+                    for shift in range((length // 2) * 10 - 10, -1, -10)])
+    if length % 2:
+        text = _ALPHABET[(value >> (length * 5 - 5)) & 31] + text
+    return text
 
 
 def new_id(prefix: str) -> str:
@@ -36,7 +41,7 @@ def new_id(prefix: str) -> str:
         else:
             rand = int.from_bytes(os.urandom(10), "big")
         _last_ms, _last_rand = now_ms, rand
-    return f"{prefix}_{_encode(now_ms, 10)}{_encode(rand, 16)}"
+    return f"{prefix}_{_encode(now_ms << 80 | rand, 26)}"  # 10 digits of time, 16 random
 
 
 
