@@ -332,7 +332,7 @@ class BulkImporter:
                 raise ValidationFailed(f"{where} seq {n}: event time goes backwards")
             previous = at
             try:
-                data = dict(validated_data(event.type, event.data))
+                data = validated_data(event.type, event.data)  # a copy of its own
                 status_after = next_status(status, event.type)
                 if redactor.active and event.type not in NOT_REDACTED:
                     data = redactor.value(data)

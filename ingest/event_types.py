@@ -137,7 +137,8 @@ EXECUTOR_APPENDABLE = frozenset(
 
 
 def validated_data(event_type: str, data: Any) -> dict:
-    """The event's data after checking it against its type; raises ``ValidationFailed``."""
+    """The event's data after checking it against its type, as a new dict the caller may
+    change (``storable_json`` builds it); raises ``ValidationFailed``."""
     validator = _VALIDATORS.get(event_type)
     if validator is None:
         raise ValidationFailed(f"unknown event type {event_type!r}")

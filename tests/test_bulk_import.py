@@ -150,6 +150,16 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
     assert claim(db) == []
 
 
+def test_the_importer_leaves_the_histories_it_is_given_as_they_were(agents):
+    chat = ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-10), title="kept")
+    run = answered_run(chat)
+    run.events[-1] = ev("run.completed", {"content": "Hello there"}, 5)
+    given = [dict(e.data) for e in run.events]
+    bulk_import(agents, [run])
+    assert [e.data for e in run.events] == given  # the stored copies were changed, not these
+    assert message_row(agents, run_row(agents, run.id).final_message_id).content == "Hello there"
+
+
 def test_import_into_an_existing_session_and_runs_without_a_session(agents):
     db = agents
     existing = make_session(db, owner="bob", agent_id="alpha")
