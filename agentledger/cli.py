@@ -128,6 +128,8 @@ def verify_bundle_command(path: str) -> int:
     report = verify_bundle(doc)
     for problem in report.problems:
         print(f"TAMPERED {problem}")
+    for note in report.notes:
+        print(f"NOTE {note}")
     verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
     print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")
     return 0 if report.ok else 1

@@ -53,7 +53,7 @@ from sqlalchemy.orm import Session
 from agentledger.core import dialect
 from agentledger.core.database import Database
 from agentledger.core.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
-from agentledger.core.hashing import GENESIS_HASH, canonical_json, event_hash_of_json
+from agentledger.core.hashing import GENESIS_HASH, answer_sha256, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.rollup_periods import minutes_kept_from
@@ -379,6 +379,8 @@ class BulkImporter:
             seq += 1
             if event_type == "run.completed":
                 data["final_message_id"] = final_message_id
+                if answer is not None:
+                    data["content_sha256"] = answer_sha256(answer)
             elif event_type == "usage":
                 usage.append(data)
             data_json = canonical_json(data)

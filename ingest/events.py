@@ -48,7 +48,7 @@ from agentledger.core.database import (
 )
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
-from agentledger.core.hashing import canonical_json, event_hash_of_json
+from agentledger.core.hashing import answer_sha256, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.redaction import redactor_of
@@ -407,6 +407,7 @@ def append_events(
                        "role": "assistant", "content": content, "run_id": run_id,
                        "created_at": now}
             item.data["final_message_id"] = final_message_id
+            item.data["content_sha256"] = answer_sha256(content)
         values.update(row_changes(item.type, item.data, now, lease=lease))
 
     rows = _chained(run_id, run, pending, now)

@@ -2,7 +2,9 @@
 
 Recomputes each run's hash chain from its first event and compares it with the stored hashes,
 the seq numbering (1, 2, 3… with no gap) and the run's recorded head (``last_event_seq``,
-``last_event_hash``). Streams rows in ``(run_id, seq)`` order, so memory stays flat at any size.
+``last_event_hash``), and that each answer's stored text is the one whose digest its run's
+``run.completed`` recorded (``content_sha256``; the text lives in its ``message`` row, outside
+the chain). Streams rows in ``(run_id, seq)`` order, so memory stays flat at any size.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentledger.core.database import outside_transaction
-from agentledger.core.hashing import GENESIS_HASH, event_hash
-from agentledger.core.schema import AgentRun, RunEvent
+from agentledger.core.hashing import GENESIS_HASH, answer_sha256, event_hash
+from agentledger.core.schema import AgentRun, Message, RunEvent
 
 # Bound parameters per IN list: far below SQLite's limit of 32,766 variables.
 CHOSEN_PER_STATEMENT = 500
@@ -88,6 +90,7 @@ def verify_chains(
         if run is not None:
             seen[run] = (expected_seq, chain)
 
+    answers = _AnswerCheck(session, problems)
     for row in rows:
         events += 1
         if progress and events % batch_size == 0:
@@ -106,7 +109,10 @@ def verify_chains(
         if chain != row.hash:
             problems.append(ChainProblem(row.run_id, row.seq, "stored hash does not match the event's content"))
             broken.add(row.run_id)
+        elif row.type == "run.completed":
+            answers.add(row.run_id, row.seq, row.data)
     close(current)
+    answers.check()
 
     for rid, (last_seq, last_hash) in heads.items():
         if rid in broken:
@@ -125,3 +131,35 @@ def verify_chains(
             problems.append(ChainProblem(rid, 1, "events stored for a run that does not exist"))
     problems.sort(key=lambda p: (p.run_id, p.seq))
     return VerificationReport(runs_checked=len(heads), events_checked=events, problems=problems)
+
+
+class _AnswerCheck:
+    """The answers named by verified ``run.completed`` events, looked up
+    ``CHOSEN_PER_STATEMENT`` at a time, so the check holds a bounded number of them."""
+
+    def __init__(self, session: Session, problems: list[ChainProblem]):
+        self.session, self.problems = session, problems
+        self.waiting: dict[str, tuple[str, int, str]] = {}
+
+    def add(self, run_id: str, seq: int, data: dict) -> None:
+        recorded = data.get("content_sha256")
+        message_id = data.get("final_message_id")
+        if recorded is None or message_id is None:  # recorded before answers were digested
+            return
+        self.waiting[message_id] = (run_id, seq, recorded)
+        if len(self.waiting) >= CHOSEN_PER_STATEMENT:
+            self.check()
+
+    def check(self) -> None:
+        if not self.waiting:
+            return
+        stored = {message_id: content for message_id, content in self.session.execute(
+            select(Message.id, Message.content).where(Message.id.in_(list(self.waiting))))}
+        for message_id, (run_id, seq, recorded) in self.waiting.items():
+            content = stored.get(message_id)
+            if content is None:
+                self.problems.append(ChainProblem(run_id, seq, f"answer {message_id} is missing"))
+            elif answer_sha256(content) != recorded:
+                self.problems.append(ChainProblem(
+                    run_id, seq, f"answer {message_id}'s text is not the text its run recorded"))
+        self.waiting = {}

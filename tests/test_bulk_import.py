@@ -5,6 +5,7 @@ the outcome rollup moves with them, and an invalid history writes nothing."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import signal
 import subprocess
@@ -133,7 +134,9 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
                                      "run.child_finished", "message.delta", "message.delta",
                                      "usage", "run.completed"]
     assert evs[0].data == {"agent_id": "alpha", "session_id": chat.id, "parent_run_id": None}
-    assert evs[-1].data == {"final_message_id": p.final_message_id}
+    # the answer's text is bound into the chain by its digest
+    assert evs[-1].data == {"final_message_id": p.final_message_id,
+                            "content_sha256": hashlib.sha256(b"Hello").hexdigest()}
     assert assert_run_invariants(db, child.id)[0].data["parent_run_id"] == parent.id
     # the stored hashes are the chain of the live path's event_hash
     with db.read() as session:

@@ -5,10 +5,12 @@ naming the run and seq (or the snapshot) that does not verify."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 from support.dashboards import csrf_headers, dash_request, logged_in, make_app
@@ -17,6 +19,7 @@ from support.processes import ExecutorPool, wait_for_status
 
 from agentledger.cli import main
 from agentledger.core.evidence_format import verify_bundle
+from agentledger.core.hashing import GENESIS_HASH, event_hash
 from queries.runs import get_run
 
 
@@ -223,6 +226,44 @@ def test_links_heads_and_the_answer_are_checked(api, answered, tmp_path, capsys)
 
     code, out = _verify(tmp_path, capsys, {"not": "a bundle"})
     assert code == 1 and "not an agentledger-evidence document" in out
+
+
+def test_the_answers_text_is_bound_to_its_run(api, answered, tmp_path, capsys):
+    original = _bundle(api, answered)
+    root = original["runs"][0]
+    completed = root["events"][-1]
+    assert completed["type"] == "run.completed"
+    assert completed["data"]["content_sha256"] == hashlib.sha256(
+        original["message"]["content"].encode()).hexdigest()
+    code, out = _verify(tmp_path, capsys, original)
+    assert code == 0 and "NOTE" not in out, out
+
+    doc = copy.deepcopy(original)
+    doc["message"]["content"] = "evil answer"
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1, out
+    assert (f"TAMPERED run {root['run']['id']} seq {completed['seq']}: the answer's text is "
+            "not the text its run recorded") in out, out
+
+
+def test_an_answer_recorded_before_its_digest_verifies_with_a_note(api, answered, tmp_path,
+                                                                     capsys):
+    """A run.completed written before answers carried content_sha256: its chain (recomputed
+    here as it was then stored) still verifies, and the report says the text is not covered."""
+    doc = _bundle(api, answered)
+    root = doc["runs"][0]
+    del root["events"][-1]["data"]["content_sha256"]
+    chain = GENESIS_HASH
+    for event in root["events"]:
+        event["previous_hash"] = chain
+        chain = event["hash"] = event_hash(chain, root["run"]["id"], event["seq"], event["type"],
+                                           event["data"],
+                                           datetime.fromisoformat(event["created_at"]))
+    root["run"]["last_event_hash"] = chain
+    doc["heads"][root["run"]["id"]]["last_event_hash"] = chain
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 0, out
+    assert "NOTE the answer's text is not covered by the chain" in out, out
 
 
 def test_who_may_download_a_bundle(api, answered):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -162,7 +163,8 @@ def test_completed_creates_the_answer_from_the_deltas(db, running):
     assert message.thread_id == run.thread_id and message.owner_id == run.owner_id
     last = events(db, running)[-1]
     assert last.type == "run.completed"
-    assert last.data == {"final_message_id": result.final_message_id}
+    assert last.data == {"final_message_id": result.final_message_id,
+                         "content_sha256": hashlib.sha256(b"Hello, world!").hexdigest()}
     assert_run_invariants(db, running)
     assert_chains_ok(db)
 
@@ -171,6 +173,16 @@ def test_completed_with_given_content(db, running):
     append(db, running, [delta("draft")])
     result = append(db, running, [("run.completed", {"content": "the final answer"})])
     assert message_row(db, result.final_message_id).content == "the final answer"
+
+
+def test_the_answers_digest_is_the_ledgers_not_the_executors(db, running):
+    """The executor cannot bind another text to the answer: the ledger computes the digest of
+    the text it stores, over whatever the executor sent."""
+    result = append(db, running, [("run.completed", {"content": "the answer",
+                                                     "content_sha256": "0" * 64})])
+    last = events(db, running)[-1]
+    assert last.data["content_sha256"] == hashlib.sha256(b"the answer").hexdigest()
+    assert message_row(db, result.final_message_id).content == "the answer"
 
 
 def test_completed_without_deltas_is_an_empty_answer(db, running):

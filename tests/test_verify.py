@@ -115,6 +115,25 @@ def test_an_edited_event_data_is_named_with_the_reason(unguarded, ledger):
     ]
 
 
+@pytest.mark.parametrize("per_statement", [500, 1])
+def test_an_edited_answer_is_named_at_its_runs_ending(unguarded, ledger, monkeypatch,
+                                                      per_statement):
+    """The answer's text lives in its message row; run.completed's content_sha256 binds it.
+    With one answer per look-up, the look-ups run while the events are still streaming."""
+    monkeypatch.setattr(chain_verification, "CHOSEN_PER_STATEMENT", per_statement)
+    victim = ledger[1]
+    tamper(unguarded, "UPDATE message SET content = 'a forged answer' "
+                      "WHERE run_id = :r AND role = 'assistant'", r=victim)
+    with unguarded.read(transaction=True) as s:
+        report = verify_chains(s)
+    assert len(report.problems) == 1, report.problems
+    (problem,) = report.problems
+    assert (problem.run_id, problem.seq) == (victim, 5)
+    assert "text is not the text its run recorded" in problem.problem
+    assert problems(unguarded, victim) == [(victim, 5)]
+    assert problems(unguarded, ledger[0]) == []
+
+
 @pytest.mark.parametrize("seq", [1, 3, 5])
 def test_a_deleted_event_is_named(unguarded, ledger, seq):
     victim = ledger[1]

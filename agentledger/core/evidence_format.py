@@ -3,7 +3,8 @@
 A bundle is one JSON document (``docs/evidence.md`` describes every field). ``verify_bundle``
 needs nothing but the document: it recomputes every event chain with the same code that checks
 archive files (``archive_format.verify_record``), then the snapshots' content hashes, the tree's
-parent/child links and that the answer is its run's final message.
+parent/child links, and that the answer is its run's final message with the text whose digest
+its ``run.completed`` recorded (``content_sha256``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class BundleReport:
     runs_checked: int
     events_checked: int
     problems: list[EvidenceProblem]
+    # What the bundle cannot prove although nothing in it is wrong (said, not counted as a
+    # problem): an answer recorded before the ledger bound answers' texts into their chains.
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -165,6 +169,12 @@ def _answer_problems(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> li
             or last.get("data", {}).get("final_message_id") != message.get("id")):
         problems.append(EvidenceProblem(rid, last.get("seq"),
                                         f"message {message.get('id')} is not the run's final message"))
+    recorded = last.get("data", {}).get("content_sha256")
+    content = message.get("content")
+    if recorded is not None and (not isinstance(content, str) or sha256_hex(content) != recorded):
+        problems.append(EvidenceProblem(rid, last.get("seq"),
+                                        "the answer's text is not the text its run recorded "
+                                        "(content_sha256)"))
     chat = doc.get("session")
     if chat is not None and (chat.get("id") != message.get("session_id")
                              or chat.get("id") != run["session_id"]):
@@ -196,4 +206,13 @@ def verify_bundle(doc: Any) -> BundleReport:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         return BundleReport(0, 0, [EvidenceProblem(None, None, f"malformed bundle: {exc!r}")])
     events = sum(len(r["events"]) for r in doc["runs"])
-    return BundleReport(len(runs), events, problems)
+    return BundleReport(len(runs), events, problems, _answer_notes(doc, runs))
+
+
+def _answer_notes(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    record = runs.get((doc.get("message") or {}).get("run_id"))
+    last = record["events"][-1] if record and record["events"] else {}
+    if last.get("type") == "run.completed" and "content_sha256" not in last.get("data", {}):
+        return ("the answer's text is not covered by the chain: its run was recorded before "
+                "answers carried content_sha256 (the streamed message.delta texts are)",)
+    return ()

@@ -33,6 +33,12 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def answer_sha256(content: str) -> str:
+    """``run.completed``'s ``content_sha256``: the stored answer's text bound into the run's
+    chain, since the text itself lives in its ``message`` row, outside the hashed events."""
+    return sha256_hex(content)
+
+
 def timestamp_text(moment: datetime) -> str:
     """Microsecond UTC text, the precision both databases store."""
     if moment.tzinfo is not UTC:
