@@ -210,7 +210,8 @@ def verify_bundle(doc: Any) -> BundleReport:
 
 
 def _answer_notes(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
-    record = runs.get((doc.get("message") or {}).get("run_id"))
+    rid = (doc.get("message") or {}).get("run_id")
+    record = runs.get(rid) if isinstance(rid, str) else None
     last = record["events"][-1] if record and record["events"] else {}
     if last.get("type") == "run.completed" and "content_sha256" not in last.get("data", {}):
         return ("the answer's text is not covered by the chain: its run was recorded before "
