@@ -32,11 +32,18 @@ class ToolResult(_Data):
     call_id: str | None = None
 
 
+# Far above any model call, and low enough that a run's sums stay inside the columns that
+# hold them: an absurd count accepted here would make the run's ending fail to store its totals,
+# leaving the run unable to end.
+MAX_TOKENS_PER_CALL = 10**12
+MAX_COST_USD_PER_CALL = 1e12
+
+
 class Usage(_Data):
-    input_tokens: int = Field(ge=0)
-    output_tokens: int = Field(ge=0)
+    input_tokens: int = Field(ge=0, le=MAX_TOKENS_PER_CALL)
+    output_tokens: int = Field(ge=0, le=MAX_TOKENS_PER_CALL)
     # Always present (CONTRACT §3); null when no price is known: sums count it as unknown, never zero.
-    cost_usd: float | None = Field(ge=0)
+    cost_usd: float | None = Field(ge=0, le=MAX_COST_USD_PER_CALL)
     model: str | None = None
 
 

@@ -24,6 +24,7 @@ from support.api import (
 )
 
 from agentledger.api import api as registry
+from agentledger.core.json_limits import MAX_JSON_DEPTH
 from ingest.tokens import revoke_token
 
 
@@ -167,6 +168,28 @@ def test_malformed_json_is_400_invalid_request(api, chat, raw):
     assert_error(reply, 400, "invalid_request")
     assert_error(api.post("/api/sessions", api.alice, data=raw), 400, "invalid_request")
     assert row_counts(api.db) == before
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 3_000, 50_000])
+def test_a_body_nested_too_deeply_is_400_invalid_request(api, chat, depth):
+    """Deep nesting, a few KB of brackets, would exhaust the recursion of whatever reads it."""
+    nested = "[" * depth + "]" * depth
+    before = row_counts(api.db)
+    reply = api.post(f"/api/sessions/{chat}/messages", api.alice,
+                     data=f'{{"content": "hi", "context": {nested}}}'.encode(),
+                     headers={"Idempotency-Key": unique()})
+    assert_error(reply, 400, "invalid_request")
+    assert "nests deeper than" in reply.json()["error"]["message"]
+    agent = f'{{"id": "deep-{depth}", "name": "D", "kind": "echo", "params": {{"x": {nested}}}}}'
+    assert_error(api.post("/api/agents", api.admin, data=agent.encode()), 400, "invalid_request")
+    assert row_counts(api.db) == before
+
+
+def test_a_body_nested_to_the_limit_is_read(api):
+    nested = "[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2)
+    body = f'{{"id": "deep-ok", "name": "D", "kind": "echo", "params": {{"x": {nested}}}}}'
+    reply = api.post("/api/agents", api.admin, data=body.encode())
+    assert reply.status == 201, reply
 
 
 @pytest.mark.parametrize("raw", [b"[]", b'["content"]', b'"hello"', b"42", b"null", b"true"])

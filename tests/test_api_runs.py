@@ -181,7 +181,7 @@ def test_event_stream_through_the_test_client(api, chat):
     stored = api.get(url, api.alice).json()["events"]
     reply = api.get(url, api.alice, headers={"Accept": "text/event-stream"})
     assert reply.status == 200
-    assert reply.headers["Content-Type"].startswith("text/event-stream")
+    assert reply.headers["Content-Type"] == "text/event-stream"  # exactly, as CONTRACT §5 says
     assert reply.headers["Cache-Control"] == "no-cache" and reply.headers["X-Accel-Buffering"] == "no"
     parser = SSEParser()
     frames = parser.feed(reply.body)

@@ -412,6 +412,30 @@ def test_a_queued_child_of_an_interrupted_parent_is_interrupted_by_the_reconcile
 # --------------------------------------------------------------------------------------------
 
 
+def test_a_run_that_cannot_be_interrupted_does_not_hold_up_the_others(db, monkeypatch, caplog):
+    """One run whose ending fails with an unexpected error (a bug, a damaged row) is logged and
+    passed over: the pass still interrupts every other expired lease behind it."""
+    from agentledger.worker import reconciler_loop
+
+    make_agent(db, "echo")
+    stuck = post(db, make_session(db), "first").run_id
+    claim(db, "gone-1", lease_seconds=1)
+    behind = post(db, make_session(db), "second").run_id
+    claim(db, "gone-2", lease_seconds=1)
+    time.sleep(1.2)
+    real = reconciler_loop.interrupt_if_lease_expired
+
+    def failing_for_one(session, run_id):
+        if run_id == stuck:
+            raise OverflowError("a value the database cannot hold")
+        return real(session, run_id)
+
+    monkeypatch.setattr(reconciler_loop, "interrupt_if_lease_expired", failing_for_one)
+    assert reconcile_once(db).lease_expired == 1
+    assert status(db, behind) == "interrupted" and status(db, stuck) == "running"
+    assert f"run {stuck} could not be interrupted" in caplog.text
+
+
 def test_heartbeats_keep_a_long_step_alive(db, executors):
     sleeper(db, "long", 5)
     posted = post(db, make_session(db, agent_id="long"), "x")

@@ -27,8 +27,10 @@ from agentledger.core.errors import (
     RunTerminal,
     ValidationFailed,
 )
+from agentledger.core.outcome_sums import RUN_TOKENS_MAX
 from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
+from ingest.event_types import MAX_COST_USD_PER_CALL, MAX_TOKENS_PER_CALL
 from ingest.events import append_events
 from ingest.runs import create_child_run
 
@@ -102,6 +104,12 @@ def test_a_batch_of_any_size_stores_what_was_given_and_chains(db, running, size)
         ([delta("ok"), ("run.cancelled", {"external_stop_confirmed": True})], IllegalTransition),
         ([delta("ok"), ("usage", {"input_tokens": -1, "output_tokens": 0, "cost_usd": 0})],
          ValidationFailed),
+        ([delta("ok"), ("usage", {"input_tokens": MAX_TOKENS_PER_CALL + 1, "output_tokens": 0,
+                                  "cost_usd": 0})], ValidationFailed),
+        ([delta("ok"), ("usage", {"input_tokens": 1, "output_tokens": 10**20, "cost_usd": 0})],
+         ValidationFailed),
+        ([delta("ok"), ("usage", {"input_tokens": 1, "output_tokens": 1, "cost_usd": 1e308})],
+         ValidationFailed),
         ([delta("ok"), ("run.queued", {})], IllegalTransition),
         ([delta("ok"), ("no.such.type", {})], ValidationFailed),
         ([delta("ok"), ("run.interrupted", {"reason": "bored"})], ValidationFailed),
@@ -116,6 +124,20 @@ def test_a_batch_with_one_refused_event_writes_nothing(db, running, batch, error
     assert snapshot_state(db) == before
     assert run_row(db, running).status == "running"
     assert_chains_ok(db)
+
+
+def test_a_run_of_the_largest_usage_ends_with_its_token_sums_saturated(db, running):
+    """However many of the largest usage events a run holds, its ending stores its totals
+    (saturated) and the run ends: absurd counts never leave it unable to end."""
+    largest = ("usage", {"input_tokens": MAX_TOKENS_PER_CALL, "output_tokens": 7,
+                         "cost_usd": MAX_COST_USD_PER_CALL})
+    append(db, running, [largest] * 1_001)
+    result = append(db, running, [("run.failed", {"error": {"code": "x", "message": "y"}})])
+    assert result.status == "failed"
+    run = run_row(db, running)
+    assert run.usage_input_tokens == RUN_TOKENS_MAX and run.usage_output_tokens == 7_007
+    assert run.usage_cost_usd == pytest.approx(1_001 * MAX_COST_USD_PER_CALL)
+    assert_run_invariants(db, running)
 
 
 def test_lease_is_checked_wrong_executor(db, running):

@@ -69,7 +69,9 @@ def test_scripted_usage_is_priced_from_params_unless_it_names_its_cost():
 
 
 @pytest.mark.parametrize("pricing", ["cheap", {"m1": 3}, {"m1": {"input_per_million": -1}},
-                                     {"m1": {"per_call": 1}}])
+                                     {"m1": {"per_call": 1}},
+                                     {"m1": {"output_per_million": 1e300}},
+                                     {"m1": {"input_per_million": 1_000_001}}])
 def test_pricing_that_cannot_price_is_refused_at_registration(pricing):
     with pytest.raises(ValueError, match="pricing"):
         validate_definition("echo", {"pricing": pricing})

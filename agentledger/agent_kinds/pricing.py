@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 PRICE_KEYS = ("input_per_million", "output_per_million")
+# So that a priced call stays within what a ``usage`` event may carry (``MAX_COST_USD_PER_CALL``
+# for ``MAX_TOKENS_PER_CALL`` tokens); no model is priced anywhere near it.
+MAX_PRICE_PER_MILLION = 1_000_000
 
 
 def validate_pricing(pricing: Any) -> None:
@@ -24,8 +27,10 @@ def validate_pricing(pricing: Any) -> None:
             raise ValueError(f"{where} must be an object with {' and '.join(PRICE_KEYS)}")
         for key in PRICE_KEYS:
             value = prices.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"{where}.{key} must be a non-negative number of USD")
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or not 0 <= value <= MAX_PRICE_PER_MILLION):
+                raise ValueError(f"{where}.{key} must be a number of USD from 0 to "
+                                 f"{MAX_PRICE_PER_MILLION:,}")
 
 
 def cost_usd(params: dict[str, Any] | None, model: str | None, input_tokens: int,

@@ -17,6 +17,7 @@ from flask import Blueprint, g, request
 from pydantic import BaseModel, ValidationError
 
 from agentledger.core.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
+from agentledger.core.json_limits import TOO_DEEP, nests_too_deep
 from agentledger.core.vocabulary import READER_ROLES, WRITER_ROLES
 
 READERS = READER_ROLES
@@ -60,9 +61,14 @@ def read_json_body() -> Any:
     if not raw.strip():
         raise InvalidRequest("the request needs a JSON body")
     try:
-        return json.loads(raw)
+        payload = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidRequest(TOO_DEEP) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    if isinstance(payload, dict | list) and nests_too_deep(raw, payload):
+        raise InvalidRequest(TOO_DEEP)
+    return payload
 
 
 def parse_body(model: type[BaseModel]) -> tuple[BaseModel, dict]:

@@ -116,7 +116,9 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
             finally:
                 STREAMS_OPEN.dec()
 
-        response = Response(stream_with_context(generate()), mimetype="text/event-stream")
+        # ``content_type``, not ``mimetype``: Flask would add "; charset=utf-8" to a text/*
+        # mimetype, and the header is exactly "text/event-stream" (SSE is UTF-8 by definition).
+        response = Response(stream_with_context(generate()), content_type="text/event-stream")
         response.call_on_close(lambda: notifier.unsubscribe(key))
         streaming = True
     finally:

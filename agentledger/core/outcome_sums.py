@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 
 from agentledger.core.outcome_histogram import BUCKETS, LATENCY_COLUMNS, WAIT_COLUMNS, bucket_of
 
+# A run's token sums stop here: 9,000 times below the 64-bit columns that hold them and their
+# per-agent sums, so that a run's ending can always store its totals. Reaching it takes a
+# thousand usage events at the largest count one may carry (``ingest.event_types``).
+RUN_TOKENS_MAX = 10**15
+
 
 def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float | None]:
     """(input tokens, output tokens, cost) of one run's ``usage`` event data; cost is None
-    when any call of the run had no price (``cost_usd`` null or absent)."""
+    when any call of the run had no price (``cost_usd`` null or absent). Token sums saturate at
+    ``RUN_TOKENS_MAX``."""
     tokens_in = tokens_out = 0
     cost: float | None = 0.0
     for d in datas:
@@ -28,7 +34,7 @@ def usage_totals(datas: Iterable[dict]) -> tuple[int, int, float | None]:
             cost = None
         elif cost is not None:
             cost += float(value)
-    return tokens_in, tokens_out, cost
+    return min(tokens_in, RUN_TOKENS_MAX), min(tokens_out, RUN_TOKENS_MAX), cost
 
 
 def _lower(a: float | None, b: float | None) -> float | None:

@@ -56,6 +56,8 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
                 ended += interrupt_if_lease_expired(s, run_id)
         except LedgerError as exc:  # another writer ended it first
             log.debug("run %s not interrupted: %s", run_id, exc.message)
+        except Exception:  # noqa: BLE001 - one run that cannot end must not hold up the others
+            log.exception("run %s could not be interrupted; the pass goes on", run_id)
     with db.read(primary=True) as s:
         orphans = orphaned_child_run_ids(s, limit=limit)
     orphaned = 0
@@ -65,6 +67,8 @@ def reconcile_once(db: Database, *, limit: int = 500) -> ReconcileResult:
                 orphaned += interrupt_if_orphaned(s, run_id)
         except LedgerError as exc:
             log.debug("run %s not interrupted: %s", run_id, exc.message)
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("run %s could not be interrupted; the pass goes on", run_id)
     with db.write() as s:
         prune_windows(s)
     if ended or orphaned:

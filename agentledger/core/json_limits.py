@@ -1,0 +1,33 @@
+"""How deeply a request's JSON may nest: deeper bodies are refused before anything reads them.
+
+Every layer that walks a value (pydantic, the storable copy, canonical JSON, the database
+driver) recurses, so a body nested about a thousand levels deep, only a few KB long, would
+exhaust the interpreter's recursion limit in one of them and fail as a server error. No
+payload the ledger stores needs to nest anywhere near ``MAX_JSON_DEPTH``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_JSON_DEPTH = 100
+TOO_DEEP = f"the body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays"
+
+
+def nests_too_deep(raw: bytes | str, value: Any) -> bool:
+    """Does ``value``, parsed from ``raw``, hold containers more than ``MAX_JSON_DEPTH`` deep?"""
+    # A value cannot nest deeper than the number of its opening brackets: most bodies have
+    # fewer than the limit and are not walked at all.
+    opening = (raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes)
+               else raw.count("[") + raw.count("{"))
+    if opening <= MAX_JSON_DEPTH:
+        return False
+    level = [value]
+    for _depth in range(MAX_JSON_DEPTH):
+        # One level of containers at a time: a comprehension per level, not a call per node.
+        level = [child for node in level
+                 for child in (node.values() if type(node) is dict else node)
+                 if type(child) is dict or type(child) is list]
+        if not level:
+            return False
+    return True
