@@ -196,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="a standalone executor process")
     p.add_argument("--instance-id", default=None,
-                   help="stable id of this executor; runs it left unfinished are interrupted "
-                        "(service_restart) when it starts again")
+                   help="stable id of this executor; on the database, runs it left unfinished "
+                        "are interrupted (service_restart) when it starts again; with --api they "
+                        "end lease_expired when their lease runs out")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--api", default=None, metavar="URL",
                    help="execute runs through this ledger server's executor routes, without "
