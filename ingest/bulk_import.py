@@ -412,7 +412,8 @@ class BulkImporter:
             "usage_cost_usd": cost,
         })
         batch.rollup.add(RunOutcome(run.agent_id, run.agent_version, status, created, started_at,
-                                    finished_at, tokens_in, tokens_out, cost))
+                                    finished_at, tokens_in, tokens_out, cost,
+                                    changes.get("end_reason")))
         del snapshot
 
         for child in run.children:

@@ -468,6 +468,7 @@ def append_events(
             agent_id=run.agent_id, agent_version=run.agent_version, status=status,
             created_at=run.created_at, started_at=values.get("started_at", run.started_at),
             finished_at=now, input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=cost,
+            end_reason=values.get("end_reason"),
         ), shard=rollup_shard(run_id))
     if status in TERMINAL and run.parent_run_id:
         _tell_parent(session, run.parent_run_id, run_id, status, now)

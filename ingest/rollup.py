@@ -19,6 +19,8 @@ the minutes no longer kept.
 from __future__ import annotations
 
 import zlib
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -40,12 +42,14 @@ from agentledger.core.schema import (
     AgentOutcomeRollupMinute,
     AgentRun,
     RunEvent,
+    RunInterruptionCount,
 )
 from agentledger.core.vocabulary import TERMINAL
 
 ROLLUP = AgentOutcomeRollup.__table__
 ROLLUP_HOUR = AgentOutcomeRollupHour.__table__
 ROLLUP_MINUTE = AgentOutcomeRollupMinute.__table__
+INTERRUPTIONS = RunInterruptionCount.__table__
 KEY = ["agent_id", "agent_version", "day", "status", "shard"]
 HOUR_KEY = ["agent_id", "agent_version", "hour", "status", "shard"]
 MINUTE_KEY = ["agent_id", "agent_version", "minute", "status", "shard"]
@@ -72,6 +76,7 @@ class RunOutcome:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = 0.0  # None: a call of the run had no price
+    end_reason: str | None = None  # why an ``interrupted`` run ended
 
     @property
     def latency(self) -> float | None:
@@ -119,8 +124,11 @@ class RollupBatch:
         self.days: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
         self.hours: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
         self.minutes: dict[tuple[str, int, date, str, int], OutcomeSums] = {}
+        self.interruptions: Counter[str] = Counter()
 
     def add(self, outcome: RunOutcome, *, shard: int = 0) -> None:
+        if outcome.status == "interrupted" and outcome.end_reason is not None:
+            self.interruptions[outcome.end_reason] += 1
         periods = _periods_of(outcome, self.minutes_from)
         for rows, period in zip((self.days, self.hours, self.minutes), periods, strict=False):
             key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
@@ -137,6 +145,8 @@ class RollupBatch:
         _upsert(session, parts)
         for _table, _key_columns, rows in parts:
             rows.clear()
+        count_interruptions(session, self.interruptions)
+        self.interruptions.clear()
 
 
 _LEAST = ("latency_min", "wait_min")
@@ -196,6 +206,16 @@ def record_run_end(session: Session, outcome: RunOutcome, *, shard: int = 0) -> 
         key = (outcome.agent_id, outcome.agent_version, period, outcome.status, shard)
         parts.append((table, key_columns, {**dict(zip(key_columns, key, strict=True)), **values}))
     dialect.upsert_adding_one(session, parts, one_hot=_ONE_HOT, least=_LEAST, greatest=_GREATEST)
+    if outcome.status == "interrupted" and outcome.end_reason is not None:
+        count_interruptions(session, {outcome.end_reason: 1})
+
+
+def count_interruptions(session: Session, runs_by_reason: Mapping[str, int]) -> None:
+    """Add interrupted runs to ``run_interruption_count`` (``agentledger_runs_interrupted_total``),
+    which archiving never lowers."""
+    if runs_by_reason:
+        dialect.upsert_adding(session, INTERRUPTIONS, ["reason"], [
+            {"reason": reason, "runs": runs} for reason, runs in sorted(runs_by_reason.items())])
 
 
 def _the_bucket(histogram: list[int]) -> int | None:
@@ -207,7 +227,8 @@ def rebuild_rollup(session: Session, *, chunk: int = 5000, now: datetime | None 
     """Recompute the whole rollup (the minutes kept at ``now``) from ``agent_run`` and
     ``run_event``; returns runs counted.
 
-    For repairs; live traffic never needs it.
+    For repairs; live traffic never needs it. ``run_interruption_count`` is left as it is: it
+    also counts runs that archiving has moved out of ``agent_run``.
     """
     minutes_from = minutes_kept_from(now or datetime.now(UTC))
     for table, _key in TABLES:

@@ -3,19 +3,19 @@
 Read at every ``/metrics`` scrape, so any server of a deployment answers for all of it, and
 cheap at any size: unfinished runs and leases through the partial index on non-terminal runs,
 finished runs per agent and status from the day rollup (a few rows per agent and day, never
-``agent_run``), interruptions by reason through the ``(status, finished_at)`` index. Every
-comparison uses the database clock.
+``agent_run``), interruptions by reason from their count per reason (kept in the transaction that
+ends each interrupted run, and through archiving, like the day rollup). Every comparison uses the
+database clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agentledger.core.schema import AgentOutcomeRollup, AgentRun
+from agentledger.core.schema import AgentOutcomeRollup, AgentRun, RunInterruptionCount
 from agentledger.core.vocabulary import INTERRUPT_REASONS, NON_TERMINAL
 from queries.lease_health import DEFAULT_AT_RISK_SECONDS, LeaseCounts, lease_counts
 
@@ -34,27 +34,20 @@ class LedgerFigures:
         return 0.0 if oldest is None else max(0.0, (self.leases.now - oldest).total_seconds())
 
 
-def interrupted_by_reason(session: Session, *, finished_from: datetime | None = None,
-                          finished_before: datetime | None = None) -> dict[str, int]:
-    """Interrupted runs by reason, for those that ended in ``[finished_from, finished_before)``
-    (a range on the ``(status, finished_at)`` index; the whole history when both are None)."""
-    conditions = [AgentRun.status == "interrupted"]
-    if finished_from is not None:
-        conditions.append(AgentRun.finished_at >= finished_from)
-    if finished_before is not None:
-        conditions.append(AgentRun.finished_at < finished_before)
+def interrupted_by_reason(session: Session) -> dict[str, int]:
+    """Runs ever ended ``interrupted``, by reason: every reason, 0 when none. Read from
+    ``run_interruption_count`` (a row per reason), which archiving never lowers."""
     reasons = dict.fromkeys(INTERRUPT_REASONS, 0)
-    for reason, count in session.execute(
-        select(AgentRun.end_reason, func.count()).where(*conditions).group_by(AgentRun.end_reason)
+    for reason, runs in session.execute(
+        select(RunInterruptionCount.reason, RunInterruptionCount.runs)
+        .order_by(RunInterruptionCount.reason)
     ).all():
-        if reason is not None:
-            reasons[reason] = reasons.get(reason, 0) + int(count)
+        reasons[reason] = int(runs)
     return reasons
 
 
-def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS,
-                   interrupted: dict[str, int] | None = None) -> LedgerFigures:
-    """``interrupted`` (by reason) when the caller keeps a running count; else counted here."""
+def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_SECONDS
+                   ) -> LedgerFigures:
     leases = lease_counts(session, at_risk_seconds=at_risk_seconds)
     by_status = dict.fromkeys(NON_TERMINAL, 0)
     oldest_queued = None
@@ -78,6 +71,6 @@ def ledger_figures(session: Session, *, at_risk_seconds: int = DEFAULT_AT_RISK_S
             .order_by(AgentOutcomeRollup.agent_id, AgentOutcomeRollup.status)
         ).all()
     }
-    reasons = interrupted if interrupted is not None else interrupted_by_reason(session)
+    reasons = interrupted_by_reason(session)
     wait = 0.0 if oldest_queued is None else max(0.0, (leases.now - oldest_queued).total_seconds())
     return LedgerFigures(by_status, finished, round(wait, 3), leases, reasons)

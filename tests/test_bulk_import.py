@@ -57,6 +57,7 @@ from ingest.bulk_import import (
 )
 from ingest.runs import ContextItem
 from queries.chain_verification import verify_chains
+from queries.metrics import interrupted_by_reason
 
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 INTERRUPT_REASONS = {"lease_expired", "parent_terminal", "service_restart", "executor_shutdown"}
@@ -263,6 +264,12 @@ def test_synthetic_history_in_batches_verifies_and_rolls_up(agents, capsys):
     statuses = Counter(r.status for r in stored_runs)
     assert set(statuses) == {"succeeded", "failed", "cancelled", "interrupted"}
     assert reasons == INTERRUPT_REASONS
+    with db.read() as session:  # what agentledger_runs_interrupted_total reports
+        counted = interrupted_by_reason(session)
+        by_reason = Counter(session.execute(
+            select(AgentRun.end_reason).where(AgentRun.status == "interrupted")).scalars())
+    assert counted == {r: by_reason.get(r, 0) for r in INTERRUPT_REASONS}
+    assert sum(counted.values()) == statuses["interrupted"]
     assert roles == {"user": 120, "assistant": statuses["succeeded"]}
     assert 8 <= n_events / report.runs <= 12
     for run in runs[:40]:

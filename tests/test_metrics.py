@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, select
 from support import history as h
 from support.api import FlaskHttp, ServerProcess, free_port, make_tokens, wait_until
 
 from agentledger.core.config import Settings
+from agentledger.core.schema import AgentRun
 from queries.lease_health import lease_health
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -322,22 +324,34 @@ def test_two_workers_add_up_their_request_histograms(pg_url, tmp_path):
     assert os.path.isdir(metrics_dir)
 
 
-def test_interruptions_are_counted_once_then_only_since(db, ledger):
-    from agentledger.core.read_sql import database_now
-    from agentledger.web.metrics import InterruptionCount
-    from queries.metrics import interrupted_by_reason
+def test_interruptions_stay_counted_after_their_runs_are_archived(db, ledger, app, tmp_path):
+    """A counter never goes back: archiving moves interrupted runs out of the live tables, not
+    out of agentledger_runs_interrupted_total (nor runs_finished_total)."""
+    from agentledger.archive import archive_command
 
-    count = InterruptionCount()
-    with db.read() as s:
-        now = database_now(s)
-        assert count.read(s, now)["service_restart"] == 1  # ended 9 minutes ago: settled
+    http = app()
+    viewer = make_tokens(db, {"viewer": ROLES["viewer"]})["viewer"]
     chat = h.chat(db, owner="alice", agent_id="planner")
     run = h.ask(db, chat, "q", owner="alice", when=datetime.now(UTC))
     h.start(db, run.run_id, datetime.now(UTC), "w-crashed")
-    h.executor_gone(db, "w-crashed", datetime.now(UTC), "service_restart")
+    h.executor_gone(db, "w-crashed", datetime.now(UTC), "lease_expired")
+
+    def interrupted() -> tuple[float, float, float]:
+        found = samples(http.request("GET", "/metrics", token=viewer).text)
+        return (value(found, "agentledger_runs_interrupted_total", reason="service_restart"),
+                value(found, "agentledger_runs_interrupted_total", reason="lease_expired"),
+                value(found, "agentledger_runs_finished_total", agent_id="searcher",
+                      status="interrupted"))
+
+    before = interrupted()
+    assert before == (1, 1, 1)
     with db.read() as s:
-        now = database_now(s)
-        assert count.read(s, now)["service_restart"] == 2  # ended just now: counted since
-        later = count.read(s, now + timedelta(hours=1))  # the settled moment moves past both
-        assert later == count.read(s, now + timedelta(hours=1)) == interrupted_by_reason(s)
-        assert later["service_restart"] == 2 and later["lease_expired"] == 0
+        live = s.execute(select(func.count()).select_from(AgentRun)
+                         .where(AgentRun.status == "interrupted")).scalar_one()
+    assert live == 2
+    archive_command(Settings(database_url=db.url), older_than_days=0, out=str(tmp_path),
+                    batch_size=100, dry_run=False)
+    with db.read() as s:
+        assert s.execute(select(func.count()).select_from(AgentRun)
+                         .where(AgentRun.status == "interrupted")).scalar_one() == 0
+    assert interrupted() == before

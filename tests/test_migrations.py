@@ -118,3 +118,22 @@ def test_the_minute_rollup_is_backfilled_with_the_runs_of_the_minutes_kept(db, d
     assert len(backfilled) == 4
     # the same sums, the NULLed run's usage read from its events
     assert backfilled == {k: v for k, v in live.items() if k in backfilled}
+
+
+def test_the_interruption_counts_are_backfilled_from_the_interrupted_runs(db, db_url):
+    from queries.metrics import interrupted_by_reason
+
+    h.agent(db, "alpha")
+    now = datetime.now(UTC)
+    for n, reason in enumerate(["service_restart", "lease_expired", "lease_expired"]):
+        chat = h.chat(db, owner="alice", agent_id="alpha")
+        run = h.ask(db, chat, "q", owner="alice", when=now).run_id
+        h.start(db, run, now, f"w-{n}")
+        h.executor_gone(db, f"w-{n}", now, reason)
+    with db.read() as s:
+        live = interrupted_by_reason(s)
+    assert (live["service_restart"], live["lease_expired"], live["parent_terminal"]) == (1, 2, 0)
+    downgrade(db_url, "0017")
+    upgrade(db_url)
+    with db.read() as s:
+        assert interrupted_by_reason(s) == live

@@ -409,6 +409,20 @@ for _table in (AgentOutcomeRollup.__table__, AgentOutcomeRollupHour.__table__,
 del _table, _column
 
 
+class RunInterruptionCount(Base):
+    """Runs ever ended ``interrupted``, per reason (``agentledger_runs_interrupted_total``).
+
+    Added to in the transaction that ends a run interrupted (``ingest.rollup``; bulk imports add
+    their batches), never lowered: archiving a run moves its rows out, not its count, so the
+    counter a scrape reports never goes back.
+    """
+
+    __tablename__ = "run_interruption_count"
+
+    reason: Mapped[str] = mapped_column(String(40), primary_key=True)
+    runs: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
 class ArchivedRun(Base):
     """A run moved out of the live tables by ``agentledger archive``: where it went and the
     head of its hash chain, so the archive file can be verified later. Its presence is also what

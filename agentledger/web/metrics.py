@@ -19,11 +19,9 @@ process are exported directly.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from datetime import datetime, timedelta
 
-from flask import Blueprint, Flask, Response, current_app, g, request
+from flask import Blueprint, Flask, Response, g, request
 from prometheus_client import (
     CollectorRegistry,
     Gauge,
@@ -35,11 +33,10 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agentledger.core.errors import Forbidden
-from agentledger.core.read_sql import database_now
-from agentledger.core.vocabulary import DASHBOARD_ROLES, INTERRUPT_REASONS
+from agentledger.core.vocabulary import DASHBOARD_ROLES
 from agentledger.web.app_state import state
 from agentledger.web.principal import authenticate
-from queries.metrics import interrupted_by_reason, ledger_figures
+from queries.metrics import ledger_figures
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The classic text format (0.0.4), which every Prometheus release scrapes; ``generate_latest``
@@ -108,48 +105,6 @@ class LedgerCollector:
         yield interrupted
 
 
-# A run's end is committed within this long of its ``finished_at`` (a transaction's clock is
-# read at its start): runs that ended before ``now - SETTLE`` can no longer appear.
-SETTLE = timedelta(minutes=5)
-
-
-class InterruptionCount:
-    """``agentledger_runs_interrupted_total`` without recounting history at every scrape.
-
-    Counting every interrupted run by reason reads one heap row per run (there is no index on
-    the reason). So the runs that ended before a settled moment are counted once (the first
-    scrape of a process) and kept; each scrape then counts only the runs that ended since then,
-    a short range on the ``(status, finished_at)`` index, and moves the settled moment forward.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._until: datetime | None = None
-        self._settled: dict[str, int] = {}
-
-    def read(self, session, now: datetime) -> dict[str, int]:
-        target = now - SETTLE
-        with self._lock:
-            if self._until is None:
-                self._settled = interrupted_by_reason(session, finished_before=target)
-                self._until = target
-            elif target - self._until >= timedelta(minutes=1):
-                more = interrupted_by_reason(session, finished_from=self._until,
-                                             finished_before=target)
-                self._settled = {r: self._settled.get(r, 0) + more.get(r, 0)
-                                 for r in {*self._settled, *more}}
-                self._until = target
-            recent = interrupted_by_reason(session, finished_from=self._until)
-            settled = self._settled
-        reasons = (*INTERRUPT_REASONS, *sorted({*settled, *recent} - set(INTERRUPT_REASONS)))
-        return {r: settled.get(r, 0) + recent.get(r, 0) for r in reasons}
-
-
-def _interruption_count() -> InterruptionCount:
-    # One per app (a process serves one app; tests build many, each on its own database).
-    return current_app.extensions.setdefault("agentledger_interruptions", InterruptionCount())
-
-
 def metrics_public() -> bool:
     return state().settings.metrics_public
 
@@ -157,8 +112,7 @@ def metrics_public() -> bool:
 def exposition() -> bytes:
     """The whole text exposition: the ledger's figures and every process's own."""
     with state().db.read() as s:
-        interrupted = _interruption_count().read(s, database_now(s))
-        figures = ledger_figures(s, interrupted=interrupted)
+        figures = ledger_figures(s)
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(MULTIPROC_ENV):
         prometheus_multiprocess.MultiProcessCollector(registry)
