@@ -1,10 +1,11 @@
 """Redaction before hashing (CONTRACT §9, ``AGENTLEDGER_REDACT``): what each detector catches and
 leaves, refused settings, and, on both databases, that no detected value reaches any table on any
-write path (message posts with context, executor events, child runs, answers, the bulk import)
-while every chain still verifies; without redaction the values are written as given."""
+write path (message posts with context, executor events, child runs, answers, the bulk import,
+OTLP spans) while every chain still verifies; without redaction the values are written as given."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from support.api import FlaskApi, append, claim_run, open_session, send
 from support.factories import make_agent
 
@@ -21,7 +22,10 @@ from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.evidence_format import verify_bundle
 from agentledger.core.redaction import Redactor, luhn_valid, parse_rules
+from agentledger.core.schema import AgentRun, ChatSession, OtlpConversation, OtlpSpan
 from ingest.bulk_import import ImportedEvent, ImportedRun, ImportedSession, bulk_import
+from ingest.otlp import receive_spans
+from ingest.otlp.wire import ReceivedSpan
 from ingest.runs import ContextItem
 from queries.chain_verification import verify_chains
 
@@ -286,3 +290,85 @@ def test_log_lines_are_redacted(db_url, caplog):
         assert isinstance(logging.getLogRecordFactory(), redaction._RedactingRecords)
     finally:
         logging.setLogRecordFactory(previous)
+
+
+# ---- the OTLP receiver ------------------------------------------------------------------------
+
+
+def _otlp_span(trace: int, span: int, parent: int | None, attrs: dict, start_ms: int,
+               end_ms: int, *, name: str, status_message: str | None = None) -> ReceivedSpan:
+    t0 = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    return ReceivedSpan(f"{trace:032x}", f"{span:016x}", None if parent is None else f"{parent:016x}",
+                        "svc-zz9", name, t0 + timedelta(milliseconds=start_ms),
+                        t0 + timedelta(milliseconds=end_ms), 2 if status_message else 0,
+                        status_message, attrs)
+
+
+def _otlp_agent(conversation: str, **attrs) -> dict:
+    return {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper",
+            "gen_ai.conversation.id": conversation, **attrs}
+
+
+def test_otlp_spans_are_redacted_before_they_are_stored_and_conversations_stay_apart(db_url):
+    """Every text of a span (attributes at any depth, name, status message, service) is stored
+    redacted. A conversation id that redaction changes is keyed by the digest of the id as sent:
+    two addresses stay two conversations, titled with the redacted id; an id redaction leaves
+    alone is the key itself."""
+    redacting = Database(db_url, redaction_rules=parse_rules("email,phone,card,secret,re:zz[0-9]+"))
+    try:
+        erin, judy = "conv-erin@example.com", "conv-judy@example.com"
+        whole = [  # one export of a whole trace: stored already recorded
+            _otlp_span(1, 1, None, _otlp_agent(
+                erin, **{"input.value": "otlp carol@example.com zz42",
+                         "output.value": "answer dave@example.com",
+                         "app.nested": {"to": ["frank@example.com", {"cc": "zz7"}], "n": 3}}),
+                0, 100, name="invoke_agent for gina@example.com"),
+            _otlp_span(1, 2, 1, {"gen_ai.operation.name": "execute_tool",
+                                 "gen_ai.tool.name": "mail",
+                                 "gen_ai.tool.call.arguments": '{"to": "hank@example.com"}'},
+                       10, 20, name="execute_tool mail", status_message="no mailbox ivy@example.com")]
+        assert receive_spans(redacting, "owner", whole).runs_written == 1
+        # A trace in two exports (the general path reads the stored spans back), another address.
+        child = _otlp_span(2, 2, 1, {"gen_ai.operation.name": "chat", "gen_ai.output.messages":
+                                     json.dumps([{"role": "assistant", "parts": [
+                                         {"type": "text", "content": "to kim@example.com"}]}])},
+                           10, 20, name="chat")
+        assert receive_spans(redacting, "owner", [child]).runs_written == 0
+        assert receive_spans(redacting, "owner", [_otlp_span(
+            2, 1, None, _otlp_agent(judy, **{"input.value": "hi"}), 0, 100,
+            name="invoke_agent")]).runs_written == 1
+        # The first address again, and an id redaction leaves alone (its forged key ignored).
+        assert receive_spans(redacting, "owner", [_otlp_span(
+            3, 1, None, _otlp_agent(erin), 0, 100, name="invoke_agent")]).runs_written == 1
+        assert receive_spans(redacting, "owner", [_otlp_span(
+            4, 1, None, _otlp_agent("plain-conv-1", **{
+                "agentledger.conversation.key": "sha256:forged"}), 0, 100,
+            name="invoke_agent")]).runs_written == 1
+
+        cells = [value for _, value in _all_cells(redacting)]
+        leaks = [v[:120] for v in cells if re.search(r"[a-z]+@example\.com|zz[0-9]", v)]
+        assert not leaks, leaks
+        with redacting.read() as s:
+            sessions = {r.id: r.session_id for r in s.execute(select(AgentRun)).scalars()}
+            keys = dict(s.execute(select(OtlpConversation.session_id,
+                                         OtlpConversation.conversation_id)).tuples().all())
+            titles = dict(s.execute(select(ChatSession.id, ChatSession.title)).tuples().all())
+        by_trace = {}
+        with redacting.read() as s:
+            for trace in (1, 2, 3, 4):
+                run_id = s.execute(select(OtlpSpan.run_id).where(
+                    OtlpSpan.trace_id == f"{trace:032x}", OtlpSpan.parent_span_id.is_(None))
+                ).scalar_one()
+                by_trace[trace] = sessions[run_id]
+        assert by_trace[1] == by_trace[3] != by_trace[2]
+        assert keys[by_trace[1]] == "sha256:" + hashlib.sha256(erin.encode()).hexdigest()
+        assert keys[by_trace[2]] == "sha256:" + hashlib.sha256(judy.encode()).hexdigest()
+        # The email detector takes "conv-erin@…" whole: both ids redact to the same text.
+        assert titles[by_trace[1]] == titles[by_trace[2]] == "[REDACTED:email]"
+        assert keys[by_trace[4]] == titles[by_trace[4]] == "plain-conv-1"
+        assert any("[REDACTED:email]" in v for v in cells) and any("[REDACTED:re]" in v
+                                                                   for v in cells)
+        with redacting.read(transaction=True) as s:
+            assert verify_chains(s).ok
+    finally:
+        redacting.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from typing import Any
@@ -38,20 +39,59 @@ def oi_kind(attrs: dict) -> str | None:
     return kind.upper() if isinstance(kind, str) else None
 
 
-def agent_name(attrs: dict) -> str | None:
-    for key in ("gen_ai.agent.id", "gen_ai.agent.name", "agent.name"):
+def _first_text(attrs: dict, keys: tuple[str, ...]) -> str | None:
+    for key in keys:
         value = attrs.get(key)
         if isinstance(value, str) and value.strip():
             return value.strip()
     return None
 
 
+def agent_id(attrs: dict) -> str | None:
+    """What the agent's id is made of: ``gen_ai.agent.id``, else the agent's name."""
+    return _first_text(attrs, ("gen_ai.agent.id", "gen_ai.agent.name", "agent.name"))
+
+
+def agent_display_name(attrs: dict) -> str | None:
+    """The agent's display name: ``gen_ai.agent.name`` (OpenInference ``agent.name``), else its
+    id (an id is often a slug or an opaque key, so it is the last resort here)."""
+    return _first_text(attrs, ("gen_ai.agent.name", "agent.name", "gen_ai.agent.id"))
+
+
 def is_agent_span(attrs: dict) -> bool:
-    """``invoke_agent``, or an OpenInference ``AGENT`` span that names its agent (the OpenAI
-    Agents instrumentation also marks its nameless workflow span ``AGENT``)."""
-    if operation(attrs) == "invoke_agent":
-        return True
-    return oi_kind(attrs) == "AGENT" and agent_name(attrs) is not None
+    """``invoke_agent``, or an OpenInference ``AGENT`` span, named or not. Whether a nameless
+    ``AGENT`` span is a run or only a workflow container depends on the spans around it
+    (``is_workflow_candidate``; ``record`` decides)."""
+    return operation(attrs) == "invoke_agent" or oi_kind(attrs) == "AGENT"
+
+
+def is_workflow_candidate(attrs: dict) -> bool:
+    """A nameless OpenInference ``AGENT`` span: the OpenAI Agents instrumentation marks the span
+    of its whole workflow so, above the agents' own (named) spans."""
+    return (oi_kind(attrs) == "AGENT" and operation(attrs) != "invoke_agent"
+            and agent_id(attrs) is None)
+
+
+def unnamed_agent(span_name: str, service_name: str) -> str:
+    """The agent a span that names none is filed under: its span name, unless that is only the
+    GenAI operation (``invoke_agent`` is what the conventions call a nameless agent's span),
+    then the service that sent it."""
+    name = span_name.strip()
+    if name and name != "invoke_agent":
+        return name
+    return service_name.strip() or "agent"
+
+
+# Attributes that only GenAI instrumentations write: a root span carrying one is part of a
+# model-driven execution even when no agent, model or tool span was exported with it.
+_SIGNAL_PREFIXES = ("gen_ai.", "llm.", "openinference.", "embedding.", "retrieval.",
+                    "reranker.", "tool_call.")
+_SIGNAL_KEYS = frozenset({"input.value", "output.value", "agent.name", "tool.name"})
+
+
+def carries_genai(attrs: dict) -> bool:
+    """Whether a span carries a GenAI semantic-convention or OpenInference attribute."""
+    return any(key in _SIGNAL_KEYS or key.startswith(_SIGNAL_PREFIXES) for key in attrs)
 
 
 def is_model_span(attrs: dict) -> bool:
@@ -213,6 +253,26 @@ def conversation_id(attrs: dict) -> str | None:
         if isinstance(value, str | int) and str(value).strip():
             return str(value).strip()[:255]
     return None
+
+
+# Set by the receiver (never taken from an export) on a span whose conversation id redaction
+# changed: the digest of the id as sent, which keys the conversation instead of its redacted
+# text, so that two ids differing only inside a redacted value stay two conversations.
+CONVERSATION_KEY = "agentledger.conversation.key"
+
+
+def conversation_digest(raw_id: str) -> str:
+    return "sha256:" + hashlib.sha256(raw_id.encode()).hexdigest()
+
+
+def conversation(attrs: dict) -> tuple[str, str] | None:
+    """(key, title) of the span's conversation: the id as stored is the title, and the key
+    unless the receiver keyed it by digest (``CONVERSATION_KEY``)."""
+    title = conversation_id(attrs)
+    if title is None:
+        return None
+    key = attrs.get(CONVERSATION_KEY)
+    return (key if isinstance(key, str) and key else title), title
 
 
 def error_code(attrs: dict) -> str:

@@ -45,6 +45,7 @@ from agentledger.core.database import Database
 from agentledger.core.errors import Conflict, LedgerError
 from agentledger.core.hashing import storable_json
 from agentledger.core.ids import new_id
+from agentledger.core.redaction import NO_REDACTION, Redactor
 from agentledger.core.schema import (
     Agent,
     AgentVersion,
@@ -96,25 +97,50 @@ def _clean(value, where: str):
         return None, exc.message
 
 
-def span_rows(owner_id: str, spans: list[ReceivedSpan]) -> tuple[list[dict], list[str]]:
+def span_rows(owner_id: str, spans: list[ReceivedSpan],
+              redactor: Redactor = NO_REDACTION) -> tuple[list[dict], list[str]]:
     """The ``otlp_span`` rows of the spans whose text can be stored (``received_at`` is set by
-    the transaction that stores them), and the refusals."""
+    the transaction that stores them), and the refusals. With an active ``redactor``
+    (``AGENTLEDGER_REDACT``) every text a row holds is redacted here, before it is stored: the
+    runs are built from these rows, so nothing downstream sees the text as sent."""
     rows, refusals = [], []
+    redactor = redactor.for_run()  # its own count: the database's redactor is shared
     for span in spans:
-        attrs, problem = _clean(span.attributes, f"span {span.span_id} attributes")
-        name, problem2 = _clean(span.name, "span name")
-        status_message, problem3 = _clean(span.status_message, "status message")
+        attrs = span.attributes
+        if mapping.CONVERSATION_KEY in attrs:  # the receiver's own key: never taken as sent
+            attrs = {k: v for k, v in attrs.items() if k != mapping.CONVERSATION_KEY}
+        name, status_message, service = span.name, span.status_message, span.service_name
+        if redactor.active:
+            attrs = _redacted_attributes(redactor, attrs)
+            name = redactor.text(name)
+            status_message = None if status_message is None else redactor.text(status_message)
+            service = redactor.text(service)[:200]  # a marker may be longer than its match
+        attrs, problem = _clean(attrs, f"span {span.span_id} attributes")
+        name, problem2 = _clean(name, "span name")
+        status_message, problem3 = _clean(status_message, "status message")
         problem = problem or problem2 or problem3
         if problem:
             refusals.append(problem)
             continue
         rows.append({"trace_id": span.trace_id, "span_id": span.span_id,
                      "parent_span_id": span.parent_span_id, "owner_id": owner_id,
-                     "service_name": span.service_name, "name": name, "start_at": span.start_at,
+                     "service_name": service, "name": name, "start_at": span.start_at,
                      "end_at": span.end_at, "status_code": span.status_code,
                      "status_message": status_message, "attributes": attrs, "received_at": None,
                      "run_id": None})
     return rows, refusals
+
+
+def _redacted_attributes(redactor: Redactor, attrs: dict) -> dict:
+    """Every string value redacted, at any depth (keys are names, kept as they are, as in event
+    data). A conversation id that redaction changes is keyed by the digest of the id as sent
+    (``mapping.CONVERSATION_KEY``): its redacted text alone would merge every conversation whose
+    ids differ only inside a redacted value (two email addresses) into one."""
+    redacted = redactor.value(attrs)
+    sent = mapping.conversation_id(attrs)
+    if sent is not None and mapping.conversation_id(redacted) != sent:
+        redacted[mapping.CONVERSATION_KEY] = mapping.conversation_digest(sent)
+    return redacted
 
 
 def store_spans(session: Session, rows: list[dict]) -> list[tuple[str, str]]:
@@ -182,7 +208,31 @@ def _ancestors(row: _Span, by_id: dict[str, _Span]):
     return chain, True
 
 
-def _build(root: _Span, rows: list[_Span]) -> _Node:
+def _agent_spans(rows: list[_Span]) -> set[str]:
+    """The span ids of the trace's agent spans that become runs. Every agent span does, except
+    a workflow container: a nameless OpenInference ``AGENT`` span with no agent span above it
+    and a named agent span somewhere below it (the OpenAI Agents instrumentation's span of the
+    whole workflow, above each agent's own span). A nameless ``AGENT`` span under an agent span,
+    or with no named agent under it, is an agent of its own."""
+    agents = {r.span_id for r in rows if mapping.is_agent_span(r.attributes)}
+    candidates = {r.span_id for r in rows
+                  if r.span_id in agents and mapping.is_workflow_candidate(r.attributes)}
+    if not candidates:
+        return agents  # nearly every trace: nothing else to look at
+    by_id = {r.span_id: r for r in rows}
+    containers: set[str] = set()
+    for row in rows:
+        if row.span_id not in agents or row.span_id in candidates:
+            continue  # only named agent spans make the spans above them containers
+        chain, _complete = _ancestors(row, by_id)
+        for depth, above in enumerate(chain):
+            if above.span_id in candidates and not any(
+                    a.span_id in agents for a in chain[depth + 1:]):
+                containers.add(above.span_id)
+    return agents - containers
+
+
+def _build(root: _Span, rows: list[_Span], agents: set[str]) -> _Node:
     """The run tree under ``root``: each span belongs to its nearest agent ancestor."""
     children: dict[str, list[_Span]] = defaultdict(list)
     for row in rows:
@@ -195,7 +245,7 @@ def _build(root: _Span, rows: list[_Span]) -> _Node:
         for child in children.get(span.span_id, []):
             if child.run_id is not None:
                 continue
-            if mapping.is_agent_span(child.attributes):
+            if child.span_id in agents:
                 sub = _Node(child)
                 node.children.append(sub)
                 stack.append((child, sub))
@@ -205,15 +255,59 @@ def _build(root: _Span, rows: list[_Span]) -> _Node:
     return top
 
 
+def _trees(rows: list[_Span], *, quiet: bool) -> list[_Node]:
+    """The run trees of one trace's spans that are ready to be written (see ``_tops``)."""
+    agents = _agent_spans(rows)
+    return [_build(top, rows, agents) for top in _tops(rows, agents, quiet=quiet)]
+
+
 def _nodes(node: _Node):
     yield node
     for child in node.children:
         yield from _nodes(child)
 
 
-def _definition(node: _Node) -> tuple[str, AgentDefinition]:
+@dataclass(frozen=True)
+class _Observed:
+    """What a run's spans show of its agent. ``None`` is "not captured": a trace that does not
+    record its model (instructions, tools) says nothing about it, so it is never compared."""
+
+    name: str
+    model: str | None
+    instructions: str | None
+    tools: tuple[str, ...] | None
+
+    def matches(self, current) -> bool:
+        """Whether every field observed equals the current version's (a row with ``model``,
+        ``instructions`` and ``tools``)."""
+        return ((self.model is None or self.model == current.model)
+                and (self.instructions is None or self.instructions == current.instructions)
+                and (self.tools is None or list(self.tools) == list(current.tools or [])))
+
+    def definition(self, current=None) -> AgentDefinition:
+        """The version to record: the fields observed, and for the others the current version's
+        values (a trace that did not capture the instructions does not mean they were dropped);
+        nothing for them when the agent is new."""
+        model, instructions, tools = self.model, self.instructions, self.tools
+        if current is not None:
+            model = current.model if model is None else model
+            instructions = current.instructions if instructions is None else instructions
+            kept = list(current.tools or []) if tools is None else list(tools)
+        else:
+            kept = list(tools or ())
+        return AgentDefinition(name=self.name, kind=EXTERNAL_KIND, model=model,
+                               instructions=instructions, tools=kept, params={"source": "otlp"})
+
+
+def _observed(node: _Node) -> tuple[str, _Observed]:
+    """The agent id (a slug) of the run of ``node`` and what its spans show of the agent: the
+    id from ``gen_ai.agent.id`` (else the agent's name), the display name from
+    ``gen_ai.agent.name`` (else the id); a span that names no agent is filed under its span
+    name, else its service (``mapping.unnamed_agent``)."""
     attrs = node.row.attributes
-    name = mapping.agent_name(attrs) or node.row.name or "agent"
+    ident = mapping.agent_id(attrs) or mapping.unnamed_agent(node.row.name,
+                                                             node.row.service_name)
+    name = mapping.agent_display_name(attrs) or ident
     models = [s for s in sorted(node.content, key=lambda s: s.start_at)
               if mapping.is_model_span(s.attributes)]
     model = mapping.model_of(attrs)
@@ -224,23 +318,22 @@ def _definition(node: _Node) -> tuple[str, AgentDefinition]:
         instructions = instructions or mapping.instructions_of(span.attributes)
         if tools is None:
             tools = mapping.tool_names(span.attributes)
-    definition = AgentDefinition(name=name[:200], kind=EXTERNAL_KIND, model=model,
-                                 instructions=instructions, tools=tools or [],
-                                 params={"source": "otlp"})
-    return mapping.slug(name), definition
+    return mapping.slug(ident), _Observed(name[:200], model, instructions,
+                                          None if tools is None else tuple(tools))
 
 
-def _ensure_agent(session: Session, agent_id: str, definition: AgentDefinition) -> tuple[str, int]:
-    """The (agent id, version) that records this observed definition, registering the agent as
-    kind ``external`` or adding a version when model, instructions or tools changed. An id that
-    belongs to an agent of another kind is not touched: ``<id>-external`` is used instead."""
+def _ensure_agent(session: Session, agent_id: str, observed: _Observed) -> tuple[str, int]:
+    """The (agent id, version) that records this observation, registering the agent as kind
+    ``external`` or adding a version when an observed model, instructions or tools differ from
+    the current version's. An id that belongs to an agent of another kind is not touched:
+    ``<id>-external`` is used instead."""
     for candidate in (agent_id, f"{agent_id[:54]}-external"):
         latest = session.execute(
             dialect.for_update(select(Agent.latest_version).where(Agent.id == candidate), session)
         ).scalar_one_or_none()
         if latest is None:
             try:  # an insert that ignores conflicts: a lost race leaves the transaction usable
-                return candidate, register_agent(session, candidate, definition)
+                return candidate, register_agent(session, candidate, observed.definition())
             except Conflict:
                 latest = session.execute(dialect.for_update(
                     select(Agent.latest_version).where(Agent.id == candidate), session)
@@ -249,16 +342,16 @@ def _ensure_agent(session: Session, agent_id: str, definition: AgentDefinition) 
             AgentVersion.agent_id == candidate, AgentVersion.version == latest)).scalar_one()
         if current.kind != EXTERNAL_KIND:
             continue
-        if (current.model, current.instructions, list(current.tools or [])) == (
-                definition.model, definition.instructions, list(definition.tools)):
+        if observed.matches(current):
             return candidate, latest
-        return candidate, add_agent_version(session, candidate, definition)
+        return candidate, add_agent_version(session, candidate, observed.definition(current))
     raise Conflict(f"agent ids {agent_id!r} and {agent_id}-external belong to other kinds")
 
 
-def _session_for(session: Session, owner_id: str, conversation: str, agent_id: str,
-                 at: datetime) -> str:
-    """The chat session of this owner's conversation, created (with its thread) on first use."""
+def _session_for(session: Session, owner_id: str, conversation: str, title: str,
+                 agent_id: str, at: datetime) -> str:
+    """The chat session of this owner's conversation (by its key), created (with its thread and
+    the conversation id as stored for a title) on first use."""
     session_id = new_id("sess")
     stmt = dialect.insert_ignoring_conflicts(
         session, OtlpConversation.__table__, ["owner_id", "conversation_id"]
@@ -272,17 +365,19 @@ def _session_for(session: Session, owner_id: str, conversation: str, agent_id: s
     session.execute(insert(ConversationThread).values(id=thread_id, owner_id=owner_id,
                                                       created_at=at))
     session.execute(insert(ChatSession).values(
-        id=session_id, owner_id=owner_id, title=conversation[:200], agent_id=agent_id,
+        id=session_id, owner_id=owner_id, title=title[:200], agent_id=agent_id,
         thread_id=thread_id, created_at=at, updated_at=at))
     return session_id
 
 
-def _conversation(top: _Node) -> str | None:
-    conversation = mapping.conversation_id(top.row.attributes)
+def _conversation(top: _Node) -> tuple[str, str] | None:
+    """(key, title) of the root run's conversation: the top agent span's, else the first of its
+    spans that names one."""
+    conversation = mapping.conversation(top.row.attributes)
     for span in top.content:
         if conversation is not None:
             break
-        conversation = mapping.conversation_id(span.attributes)
+        conversation = mapping.conversation(span.attributes)
     return conversation
 
 
@@ -290,16 +385,19 @@ def _conversation(top: _Node) -> str | None:
 class _Known:
     """What the database says about the trees' agents and conversations, read in one query each."""
 
-    definitions: dict[str, tuple[str, AgentDefinition]]  # by run id
-    conversations: dict[str, tuple[str, str]]  # root run id -> (owner, conversation id)
+    definitions: dict[str, tuple[str, _Observed]]  # by run id: (agent id, what was observed)
+    conversations: dict[str, tuple[str, str]]  # root run id -> (owner, conversation key)
+    titles: dict[str, str]  # root run id -> its conversation id as stored (a new session's title)
     current: dict  # agent id -> its current version's row
-    mapped: dict[tuple[str, str], str]  # (owner, conversation id) -> session id
+    mapped: dict[tuple[str, str], str]  # (owner, conversation key) -> session id
 
 
 def _read_known(s: Session, trees: list[tuple[_Node, int]]) -> _Known:
-    definitions = {node.run_id: _definition(node) for top, _ in trees for node in _nodes(top)}
-    conversations = {top.run_id: (top.row.owner_id, c) for top, _ in trees
-                     if (c := _conversation(top)) is not None}
+    definitions = {node.run_id: _observed(node) for top, _ in trees for node in _nodes(top)}
+    found = {top.run_id: (top.row.owner_id, c) for top, _ in trees
+             if (c := _conversation(top)) is not None}
+    conversations = {run_id: (owner, key) for run_id, (owner, (key, _title)) in found.items()}
+    titles = {run_id: title for run_id, (_owner, (_key, title)) in found.items()}
     candidates = {c for agent_id, _ in definitions.values()
                   for c in (agent_id, f"{agent_id[:54]}-external")}
     current = {row.id: row for row in s.execute(
@@ -313,7 +411,7 @@ def _read_known(s: Session, trees: list[tuple[_Node, int]]) -> _Known:
                OtlpConversation.session_id)
         .where(tuple_(OtlpConversation.owner_id, OtlpConversation.conversation_id)
                .in_(set(conversations.values()))))} if conversations else {}
-    return _Known(definitions, conversations, current, mapped)
+    return _Known(definitions, conversations, titles, current, mapped)
 
 
 def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _Known
@@ -324,8 +422,8 @@ def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _K
     immutable, so what was read stays true)."""
     definitions, conversations = known.definitions, known.conversations
     agents: dict[str, tuple[str, int]] = {}
-    for run_id, (agent_id, definition) in definitions.items():
-        found = _current_version(known.current, agent_id, definition)
+    for run_id, (agent_id, observed) in definitions.items():
+        found = _current_version(known.current, agent_id, observed)
         if found is not None:
             agents[run_id] = found
     sessions = {run_id: known.mapped[key] for run_id, key in conversations.items()
@@ -334,24 +432,24 @@ def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _K
         return agents, sessions
     with db.write() as s:
         resolved: dict[tuple, tuple[str, int]] = {}
-        for run_id, (agent_id, definition) in definitions.items():
+        for run_id, (agent_id, observed) in definitions.items():
             if run_id in agents:
                 continue
-            key = (agent_id, definition.name, definition.model, definition.instructions,
-                   tuple(definition.tools))
+            key = (agent_id, observed)
             if key not in resolved:
-                resolved[key] = _ensure_agent(s, agent_id, definition)
+                resolved[key] = _ensure_agent(s, agent_id, observed)
             agents[run_id] = resolved[key]
         for top, _seen in trees:
             if top.run_id in conversations and top.run_id not in sessions:
                 owner_id, conversation = conversations[top.run_id]
                 sessions[top.run_id] = _session_for(s, owner_id, conversation,
+                                                    known.titles[top.run_id],
                                                     agents[top.run_id][0], top.row.start_at)
     return agents, sessions
 
 
 def _current_version(current: dict, agent_id: str,
-                     definition: AgentDefinition) -> tuple[str, int] | None:
+                     observed: _Observed) -> tuple[str, int] | None:
     """What ``_ensure_agent`` would answer without writing, from the agents' current versions;
     None when it would have to register the agent or add a version."""
     for candidate in (agent_id, f"{agent_id[:54]}-external"):
@@ -360,8 +458,7 @@ def _current_version(current: dict, agent_id: str,
             return None
         if row.kind != EXTERNAL_KIND:
             continue
-        if (row.model, row.instructions, list(row.tools or [])) == (
-                definition.model, definition.instructions, list(definition.tools)):
+        if observed.matches(row):
             return candidate, row.latest_version
         return None
     return None
@@ -384,7 +481,11 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
         timed.append((at(moment), order, ImportedEvent(event_type, data, at(moment))))
 
     service = node.row.service_name
-    add(start, "run.started", {"executor_instance_id": f"otlp:{service}"[:200]})
+    # A recorded run had no lease to renew: its executor was alive until the agent span ended,
+    # so that is when its lease expires (the run is written terminal: lease health, which looks
+    # at running runs only, never counts it).
+    add(start, "run.started", {"executor_instance_id": f"otlp:{service}"[:200],
+                               "lease_expires_at": end.isoformat()})
     user = mapping.user_text(node.row.attributes)
     last_output = None
     items = [(s.start_at, 0, s) for s in node.content] + [(c.row.start_at, 1, c) for c in node.children]
@@ -440,6 +541,7 @@ def _imported(node: _Node, agents, owner_id: str, session_id: str | None,
     if events and events[0].at < created:
         for event in events:
             event.at = max(event.at, created)
+        events[0].data["lease_expires_at"] = events[-1].at.isoformat()  # with the run's end
     run = ImportedRun(agent_id=agent_id, agent_version=version, input=user, created_at=created,
                       events=events, owner_id=owner_id if announced is None else None,
                       session=session_id, id=node.run_id)
@@ -536,28 +638,30 @@ def _stored_counts(session: Session, trace_ids: set[str]) -> dict[str, int]:
     return {t: stored.get(t, 0) for t in trace_ids}
 
 
-def _tops(rows: list[_Span], *, quiet: bool) -> list[_Span]:
-    """The spans of one trace that are ready to be written as root runs; in a ``quiet`` trace
-    also the top agent spans whose chain up to the root is incomplete."""
+def _tops(rows: list[_Span], agents: set[str], *, quiet: bool) -> list[_Span]:
+    """The spans of one trace that are ready to be written as root runs (``agents``: its agent
+    spans that are runs); in a ``quiet`` trace also the top agent spans whose chain up to the
+    root is incomplete. A trace without agent spans is one run, its root span's, when a span of
+    it is a model or tool span or the root span carries a GenAI or OpenInference attribute
+    itself; a trace with none of these (a plain HTTP trace) never becomes a run."""
     by_id = {r.span_id: r for r in rows}
     tops = []
-    agents_present = any(mapping.is_agent_span(r.attributes) for r in rows)
     for row in rows:
         if row.run_id is not None:
             continue
-        if agents_present:
-            if not mapping.is_agent_span(row.attributes):
+        if agents:
+            if row.span_id not in agents:
                 continue
             chain, complete = _ancestors(row, by_id)
-            if any(mapping.is_agent_span(a.attributes) for a in chain):
+            if any(a.span_id in agents for a in chain):
                 continue  # a child run: written with its parent
             if any(a.run_id for a in chain):
                 continue  # under a recorded run: late
             if complete or quiet:
                 tops.append(row)
-        elif row.parent_span_id is None and any(
+        elif row.parent_span_id is None and (mapping.carries_genai(row.attributes) or any(
                 mapping.is_model_span(r.attributes) or mapping.is_tool_span(r.attributes)
-                for r in rows):
+                for r in rows)):
             tops.append(row)  # no agent span: the trace's root span is the run
     return tops
 
@@ -644,8 +748,8 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
     for _attempt in range(5):
         with db.read(primary=True) as s:
             rows = _trace_rows(s, [trace_id]).get(trace_id, [])
-            trees = [(_build(top, rows), len(rows))
-                     for top in _tops(rows, quiet=force or _quiet(rows, now, quiet_seconds))]
+            trees = [(top, len(rows)) for top in _trees(
+                rows, quiet=force or _quiet(rows, now, quiet_seconds))]
             looked_up = _read_known(s, trees)
         if not trees:
             break
@@ -671,8 +775,8 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
     stored later is its own request's to report)."""
     with db.read(primary=True) as s:  # one read transaction: the spans, then their agents
         by_trace = _trace_rows(s, trace_ids, known)
-        trees = [(_build(top, rows), len(rows)) for rows in by_trace.values()
-                 for top in _tops(rows, quiet=_quiet(rows, now, quiet_seconds))]
+        trees = [(top, len(rows)) for rows in by_trace.values()
+                 for top in _trees(rows, quiet=_quiet(rows, now, quiet_seconds))]
         looked_up = _read_known(s, trees) if trees else None
     if looked_up is None:
         return 0, set()
@@ -740,7 +844,7 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
     """Store an export's spans and write the runs that became ready: in one transaction when
     the export holds whole new traces, else the spans first, then the trees they complete."""
     outcome = ExportOutcome(received=len(spans))
-    rows, refusals = span_rows(owner_id, spans)
+    rows, refusals = span_rows(owner_id, spans, db.redactor)
     outcome.rejected += len(refusals)
     outcome.messages += refusals
     firsts = _first_copies(rows)  # a span sent twice in one export is stored as its first copy
@@ -815,7 +919,7 @@ def _whole_traces(rows: dict[tuple[str, str], dict]) -> list[tuple[_Node, int]] 
         by_trace[row["trace_id"]].append(_Span(**row))
     trees: list[tuple[_Node, int]] = []
     for spans in by_trace.values():
-        built = [_build(top, spans) for top in _tops(spans, quiet=False)]
+        built = _trees(spans, quiet=False)
         used = {span.span_id for top in built for node in _nodes(top)
                 for span in (node.row, *node.content)}
         if len(used) != len(spans):
