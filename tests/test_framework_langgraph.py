@@ -3,7 +3,9 @@ real executor on SQLite and PostgreSQL, checkpoints in the ledger's own database
 
 from __future__ import annotations
 
+import json
 import signal
+import threading
 
 import pytest
 from framework_agents import lg_graphs
@@ -23,7 +25,7 @@ from support.processes import (
 )
 
 from agentledger.agent_kinds import validate_definition
-from agentledger.agent_kinds.storage import setup_framework_storage
+from agentledger.agent_kinds.storage import langgraph_checkpointer, setup_framework_storage
 from ingest.cancel import request_cancel
 
 GRAPH = "framework_agents.lg_graphs:graph"
@@ -102,6 +104,41 @@ def test_streaming_order_tools_usage_and_resolved(lg_db, executors):
     assert set(resolved) >= {"model", "instructions_sha256", "package_version", "checkpoint_id"}
 
 
+def progress(evs) -> list[tuple[str, str]]:
+    """The run's output events as comparable values (type, data)."""
+    return [(e.type, json.dumps(e.data, sort_keys=True)) for e in evs
+            if e.type in {"message.delta", "tool.call", "tool.result", "usage"}]
+
+
+@pytest.mark.parametrize("graph", ["with_subgraph", "with_nested_subgraph"])
+def test_a_subgraph_streams_as_it_runs_each_event_once(lg_db, executors, graph):
+    graph_agent(lg_db, graph=f"framework_agents.lg_graphs:{graph}", pricing=PRICING)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    # The second turn too: the parent's update then carries the first turn's messages again.
+    for city in ("Paris", "Rome"):
+        run_id, end = ask(lg_db, session, f"weather in {city}")
+        assert end.type == "run.completed", end
+        evs = events(lg_db, run_id)
+        kinds = [e.type for e in evs]
+        assert kinds.count("tool.call") == 1 and kinds.count("tool.result") == 1, kinds
+        assert kinds.count("usage") == 2, kinds  # the tool call's response, then the answer's
+        # Streamed from inside the subgraph as it ran: the tool first, then the answer in chunks.
+        assert kinds.index("tool.call") < kinds.index("tool.result") < kinds.index("message.delta")
+        deltas = [e.data["text"] for e in evs if e.type == "message.delta"]
+        assert len(deltas) > 1, deltas
+        assert "".join(deltas) == answer_of(lg_db, run_id) == f"The weather: sunny in {city}."
+        call = next(e.data for e in evs if e.type == "tool.call")
+        result = next(e.data for e in evs if e.type == "tool.result")
+        assert call["input"] == {"city": city} and result["output"] == f"sunny in {city}"
+        assert call["call_id"] and result["call_id"] == call["call_id"]
+        assert all(u.data["model"] == "fake-model" for u in evs if u.type == "usage")
+        outputs = progress(evs)
+        assert len(set(outputs)) == len(outputs), outputs  # nothing reported twice
+        resolved = next(e.data for e in evs if e.type == "agent.resolved")
+        assert resolved["tools"] == ["get_weather"]
+
+
 def test_unknown_price_is_null_and_factory_graph(lg_db, executors):
     graph_agent(lg_db, graph="framework_agents.lg_graphs:build",
                 pricing={"another-model": {"input_per_million": 1, "output_per_million": 1}})
@@ -154,6 +191,56 @@ def test_cancel_stops_the_graph_and_nothing_follows(lg_db, executors):
     wait_until(lambda: True, timeout=1.0)
     assert lg_graphs.SLOW_CHUNKS["count"] == produced
     assert [e.type for e in events(lg_db, posted.run_id)] == kinds
+
+
+def saved_anywhere(db_url: str, thread_id: str, text: str) -> bool:
+    """Whether ``text`` is in any checkpoint of the thread, or in a write pending on one."""
+    with langgraph_checkpointer(db_url) as saver:
+        return any(text in repr(saved.checkpoint) or text in repr(saved.pending_writes)
+                   for saved in saver.list({"configurable": {"thread_id": thread_id}}))
+
+
+def test_cancel_while_a_node_runs_plain_code_ends_within_a_second(lg_db, db_url, executors):
+    graph_agent(lg_db, "plodder", graph="framework_agents.lg_graphs:plodding")
+    session = make_session(lg_db, agent_id="plodder")
+    executors.start()
+    lg_graphs.PLOD.update(steps=0, finished=False, answered=[])
+    first, end = ask(lg_db, session, "my name is Ada")
+    assert end.type == "run.completed", end
+    assert answer_of(lg_db, first) == "Earlier: nothing (0 answered). Now: my name is Ada."
+
+    posted = post(lg_db, session, "plod along")
+    wait_until(lambda: lg_graphs.PLOD["steps"] > 0, timeout=30)
+    with lg_db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(lg_db, posted.run_id, "cancelled", timeout=30)
+    assert not lg_graphs.PLOD["finished"]  # the run ended without waiting for the busy node
+    end = assert_one_terminal_event(lg_db, posted.run_id)
+    assert end.data == {"external_stop_confirmed": True}
+    evs = events(lg_db, posted.run_id)
+    kinds = [e.type for e in evs]
+    assert kinds[kinds.index("run.cancelling") + 1:] == ["run.cancelled"], kinds
+    cancelling = next(e for e in evs if e.type == "run.cancelling")
+    assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
+
+    # The next run of the thread need not wait for the abandoned node: it finds the memory the
+    # cancelled run left (its question, no answer).
+    second, end = ask(lg_db, session, "what now?")
+    assert end.type == "run.completed", end
+    assert answer_of(lg_db, second) == ("Earlier: my name is Ada | plod along (1 answered). "
+                                        "Now: what now?.")
+    # The node finishes in the background; its graph runs no further node and writes nothing,
+    # neither events nor checkpoints, and its thread ends.
+    wait_until(lambda: lg_graphs.PLOD["finished"], timeout=30)
+    wait_until(lambda: not [t for t in threading.enumerate() if posted.run_id in t.name],
+               timeout=30, message="the abandoned graph's thread to end")
+    assert "plod along" not in lg_graphs.PLOD["answered"]
+    assert [e.type for e in events(lg_db, posted.run_id)] == kinds
+    assert not saved_anywhere(db_url, run(lg_db, posted.run_id).thread_id, "plodded all the way")
+    third, end = ask(lg_db, session, "and now?")
+    assert end.type == "run.completed", end
+    assert answer_of(lg_db, third) == ("Earlier: my name is Ada | plod along | what now? "
+                                       "(2 answered). Now: and now?.")
 
 
 def test_exception_in_the_graph_fails_the_run(lg_db, executors):

@@ -136,6 +136,46 @@ def test_cancel_stops_the_agent_and_nothing_follows(sdk_db, executors):
     assert [e.type for e in events(sdk_db, posted.run_id)] == kinds
 
 
+def test_cancel_while_a_tool_runs_plain_code_ends_within_a_second(sdk_db, executors):
+    sdk_agent(sdk_db, "plodder", agent="framework_agents.sdk_agents:plodder")
+    session = make_session(sdk_db, agent_id="plodder")
+    executors.start(concurrency=1)
+    sdk_agents.PLOD.update(steps=0, finished_at=None)
+    first, end = ask(sdk_db, session, "my name is Ada")
+    assert end.type == "run.completed", end
+
+    posted = post(sdk_db, session, "plod along")
+    wait_until(lambda: sdk_agents.PLOD["steps"] > 0, timeout=30)
+    with sdk_db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(sdk_db, posted.run_id, "cancelled", timeout=30)
+    assert sdk_agents.PLOD["finished_at"] is None  # ended without waiting for the busy tool
+    end = assert_one_terminal_event(sdk_db, posted.run_id)
+    assert end.data == {"external_stop_confirmed": True}
+    evs = events(sdk_db, posted.run_id)
+    kinds = [e.type for e in evs]
+    assert kinds[kinds.index("run.cancelling") + 1:] == ["run.cancelled"], kinds
+    assert "tool.result" not in kinds
+    cancelling = next(e for e in evs if e.type == "run.cancelling")
+    assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
+
+    # The tool still runs: the executor's one slot stays taken until it returns, so the next
+    # run of the thread starts after that, and finds the session as the cancel left it.
+    second, end = ask(sdk_db, session, "what now?")
+    assert end.type == "run.completed", end
+    started = next(e for e in events(sdk_db, second) if e.type == "run.started")
+    assert sdk_agents.PLOD["finished_at"] is not None
+    assert started.created_at >= sdk_agents.PLOD["finished_at"]
+    assert answer_of(sdk_db, second) == "You first said: my name is Ada. Now: what now?."
+    assert [e.type for e in events(sdk_db, posted.run_id)] == kinds
+    resolved = next(e.data for e in events(sdk_db, second) if e.type == "agent.resolved")
+    third, end = ask(sdk_db, session, "and now?")
+    assert end.type == "run.completed", end
+    # Only the second run's question and answer were added to the session since it started.
+    later = next(e.data for e in events(sdk_db, third) if e.type == "agent.resolved")
+    assert later["session_items"] == resolved["session_items"] + 2
+
+
 def test_exception_fails_the_run_and_a_missing_agent_is_unavailable(sdk_db, executors):
     sdk_agent(sdk_db)
     sdk_agent(sdk_db, "missing", agent="framework_agents.sdk_agents:nope")

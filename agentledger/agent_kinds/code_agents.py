@@ -11,6 +11,7 @@ import inspect
 import json
 import re
 import sys
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -53,7 +54,7 @@ def unavailable(exc: Unavailable) -> AgentFailed:
 
 
 @lru_cache(maxsize=1)
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 

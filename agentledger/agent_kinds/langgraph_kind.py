@@ -8,14 +8,21 @@ without the extra.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentledger.agent_kinds import code_agents
 from agentledger.agent_kinds.code_agents import Unavailable
+from agentledger.agent_kinds.framework_thread import WriteFence, run_in_own_thread
 from agentledger.agent_kinds.run_context import AgentFailed, RunContext
 from agentledger.agent_kinds.storage import langgraph_checkpointer, langgraph_installed
 
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+
 EXTRA = "pip install 'agentledger[langgraph]'"
+# The saver's methods that change a thread's checkpoints (those it has; "a" = asyncio twin).
+CHECKPOINT_WRITES = tuple(f"{prefix}{name}" for prefix in ("", "a") for name in (
+    "put", "put_writes", "delete_thread", "delete_for_runs", "copy_thread", "prune"))
 
 
 def _check_object(obj: Any, where: str) -> None:
@@ -54,11 +61,12 @@ def _compiled(obj: Any, checkpointer: Any, where: str):
 
 def _tool_names(graph) -> list[str]:
     names: list[str] = []
-    builder = getattr(graph, "builder", None)
-    for spec in (getattr(builder, "nodes", None) or {}).values():
-        tools = getattr(getattr(spec, "runnable", None), "tools_by_name", None)
-        if isinstance(tools, dict):
-            names.extend(tools)
+    for part in (graph, *(sub for _, sub in graph.get_subgraphs(recurse=True))):
+        builder = getattr(part, "builder", None)
+        for spec in (getattr(builder, "nodes", None) or {}).values():
+            tools = getattr(getattr(spec, "runnable", None), "tools_by_name", None)
+            if isinstance(tools, dict):
+                names.extend(tools)
     return names
 
 
@@ -86,35 +94,72 @@ def _model_of(message, ctx: RunContext) -> str | None:
             or ctx.agent_execution_snapshot.get("model") or None)
 
 
-def _report_update(ctx: RunContext, update: Any) -> None:
-    """Tool calls, tool results and usage of the messages a node returned."""
-    from langchain_core.messages import AIMessage, ToolMessage
-    from langchain_core.messages.utils import convert_to_messages
+class _Reporter:
+    """Tool calls, tool results and usage of the messages the graph's nodes return, each once.
 
-    updates = update if isinstance(update, list | tuple) else [update]
-    for item in updates:
-        if not isinstance(item, dict):
-            continue
-        raw = item.get("messages")
+    With subgraphs one message is in several updates: that of the subgraph's node that made it,
+    then that of each enclosing graph's node (the subgraph's whole output, the thread's earlier
+    messages included). So each tool call, tool result and model response is reported the first
+    time it is seen, and those of the thread's messages before the run count as seen."""
+
+    def __init__(self, ctx: RunContext, earlier: Any):
+        self.ctx = ctx
+        self.seen: set[tuple[str, str]] = set()
+        for message in self._messages(earlier):
+            self._new(message)
+
+    @staticmethod
+    def _messages(raw: Any) -> list:
+        from langchain_core.messages.utils import convert_to_messages
+
         if raw is None:
-            continue
+            return []
         try:
-            messages = convert_to_messages(raw if isinstance(raw, list | tuple) else [raw])
+            return convert_to_messages(raw if isinstance(raw, list | tuple) else [raw])
         except (ValueError, TypeError, NotImplementedError):
-            continue
-        for message in messages:
-            if isinstance(message, AIMessage):
-                for call in message.tool_calls:
-                    ctx.emit("tool.call", {"name": call["name"], "input": code_agents.as_json(call["args"]),
-                                           "call_id": call.get("id")})
-                usage = message.usage_metadata
-                if usage:
-                    code_agents.usage_event(ctx, _model_of(message, ctx),
-                                            usage.get("input_tokens"), usage.get("output_tokens"))
-            elif isinstance(message, ToolMessage):
-                ctx.emit("tool.result", {"name": message.name or "tool",
-                                         "output": code_agents.as_json(message.content),
-                                         "call_id": message.tool_call_id})
+            return []
+
+    def _first(self, kind: str, key: str | None) -> bool:
+        if key is None:  # nothing to recognise it by: reported as it comes
+            return True
+        if (kind, key) in self.seen:
+            return False
+        self.seen.add((kind, key))
+        return True
+
+    def _new(self, message) -> list[tuple[str, Any]]:
+        """What of ``message`` was not seen yet, now seen: ("tool.call", call), ("usage",
+        usage) or ("tool.result", None)."""
+        from langchain_core.messages import AIMessage, ToolMessage
+
+        new: list[tuple[str, Any]] = []
+        if isinstance(message, AIMessage):
+            new.extend(("tool.call", call) for call in message.tool_calls
+                       if self._first("tool.call", call.get("id")))
+            if message.usage_metadata and self._first("usage", message.id):
+                new.append(("usage", message.usage_metadata))
+        elif isinstance(message, ToolMessage) and self._first("tool.result", message.tool_call_id):
+            new.append(("tool.result", None))
+        return new
+
+    def update(self, update: Any) -> None:
+        ctx = self.ctx
+        for item in update if isinstance(update, list | tuple) else [update]:
+            if not isinstance(item, dict):
+                continue
+            for message in self._messages(item.get("messages")):
+                for kind, part in self._new(message):
+                    if kind == "tool.call":
+                        ctx.emit("tool.call", {"name": part["name"],
+                                               "input": code_agents.as_json(part["args"]),
+                                               "call_id": part.get("id")})
+                    elif kind == "usage":
+                        code_agents.usage_event(ctx, _model_of(message, ctx),
+                                                part.get("input_tokens"), part.get("output_tokens"))
+                    else:
+                        ctx.emit("tool.result", {"name": message.name or "tool",
+                                                 "output": code_agents.as_json(message.content),
+                                                 "call_id": message.tool_call_id})
 
 
 def _final_answer(state) -> str | None:
@@ -134,14 +179,24 @@ def run_langgraph(ctx: RunContext) -> str | None:
     if not ctx.database_url:
         raise AgentFailed("kind langgraph keeps its checkpoints in the ledger database; this "
                           "executor has no database access", code="agent_unavailable")
-    from langchain_core.messages import AIMessage
-    from langgraph.types import Command
-
     try:
         obj, module_name, attr = code_agents.load_reference(ctx.params.get("graph"), "params.graph")
     except Unavailable as exc:
         raise code_agents.unavailable(exc) from None
-    with langgraph_checkpointer(ctx.database_url) as checkpointer:
+    fence, url = WriteFence(), ctx.database_url
+    return run_in_own_thread(ctx, lambda: _run_graph(ctx, url, obj, module_name, attr, fence),
+                             fence=fence, name="langgraph")
+
+
+def _run_graph(ctx: RunContext, url: str, obj: Any, module_name: str, attr: str,
+               fence: WriteFence) -> str | None:
+    """The graph's run, in a thread of its own (``framework_thread``), which also opens and
+    closes the checkpointer: a graph abandoned by a cancel keeps its connection until it ends."""
+    from langchain_core.messages import AIMessage
+    from langgraph.types import Command
+
+    with langgraph_checkpointer(url) as checkpointer:
+        fence.guard(checkpointer, *CHECKPOINT_WRITES)
         try:
             graph = _compiled(obj, checkpointer, "params.graph")
         except Unavailable as exc:
@@ -150,7 +205,7 @@ def run_langgraph(ctx: RunContext) -> str | None:
             if code_agents.is_ledger_signal(exc):
                 raise
             raise code_agents.agent_error(exc) from exc
-        config: dict[str, Any] = {"configurable": {"thread_id": ctx.thread_id},
+        config: RunnableConfig = {"configurable": {"thread_id": ctx.thread_id},
                                   "callbacks": [_cancel_callback(ctx)]}
         try:
             before = graph.get_state(config)
@@ -167,11 +222,16 @@ def run_langgraph(ctx: RunContext) -> str | None:
                 graph_input: Any = Command(resume=ctx.input)
             else:
                 graph_input = {"messages": [{"role": "user", "content": ctx.input}]}
+            values = before.values if isinstance(before.values, dict) else {}
+            report = _Reporter(ctx, values.get("messages"))
             # "sync": each checkpoint is saved before the next step starts (LangGraph's default
             # saves it while the next step runs), so a worker killed mid-graph leaves the
             # thread's memory holding every step it began with, this run's question included.
-            for mode, chunk in graph.stream(graph_input, config, durability="sync",
-                                            stream_mode=["messages", "updates"]):
+            # ``subgraphs``: chunks, tool calls and usage of a graph run as a node of another
+            # come as they happen, not once in the enclosing node's final update.
+            for _namespace, mode, chunk in graph.stream(
+                    graph_input, config, durability="sync", subgraphs=True,
+                    stream_mode=["messages", "updates"]):
                 ctx.check_cancel()
                 if mode == "messages":
                     message, _meta = chunk
@@ -180,7 +240,7 @@ def run_langgraph(ctx: RunContext) -> str | None:
                 elif isinstance(chunk, dict):
                     for node, update in chunk.items():
                         if node != "__interrupt__":
-                            _report_update(ctx, update)
+                            report.update(update)
             ctx.check_cancel()
             after = graph.get_state(config)
         except Exception as exc:

@@ -15,11 +15,13 @@ from typing import Any
 
 from agentledger.agent_kinds import code_agents
 from agentledger.agent_kinds.code_agents import Unavailable
+from agentledger.agent_kinds.framework_thread import CANCEL_POLL, WriteFence, run_in_own_thread
 from agentledger.agent_kinds.run_context import AgentFailed, RunCancelled, RunContext
 from agentledger.agent_kinds.storage import openai_agents_installed, sdk_session
 
 EXTRA = "pip install 'agentledger[openai-agents]'"
-CANCEL_POLL = 0.1
+# The session's methods that change the thread's conversation.
+SESSION_WRITES = ("add_items", "pop_item", "clear_session")
 
 
 def _check_object(obj: Any, where: str) -> None:
@@ -85,7 +87,7 @@ class _Reporter:
                                         usage.input_tokens, usage.output_tokens)
         elif event.type == "run_item_stream_event":
             item = event.item
-            raw = getattr(item, "raw_item", None)
+            raw: Any = getattr(item, "raw_item", None)
             if event.name == "tool_called" and getattr(raw, "type", None) == "function_call":
                 self.tool_names[raw.call_id] = raw.name
                 ctx.emit("tool.call", {"name": raw.name, "input": _arguments(raw.arguments),
@@ -109,10 +111,11 @@ async def _watch_cancel(ctx: RunContext, result) -> None:
             return
 
 
-async def _run(ctx: RunContext, agent, module_name: str, attr: str) -> str | None:
+async def _run(ctx: RunContext, url: str, agent, module_name: str, attr: str,
+               fence: WriteFence) -> str | None:
     from agents import RunConfig, Runner
 
-    session = sdk_session(ctx.thread_id, ctx.database_url)
+    session = fence.guard(sdk_session(ctx.thread_id, url), *SESSION_WRITES)
     watcher = None
     try:
         ctx.emit("agent.resolved", code_agents.resolved(
@@ -155,8 +158,15 @@ def run_openai_agent(ctx: RunContext) -> str | None:
         if code_agents.is_ledger_signal(exc):
             raise
         raise code_agents.agent_error(exc) from exc
+    # In a thread of its own (``framework_thread``): a sync function tool runs in the event
+    # loop's executor and ``asyncio.run`` waits for it at the end, and a blocking async tool
+    # holds the loop itself, so neither lets this thread end the run on a cancel. The watcher
+    # above still stops the SDK itself at its next step.
+    fence, url = WriteFence(), ctx.database_url
     try:
-        return asyncio.run(_run(ctx, agent, module_name, attr))
+        return run_in_own_thread(
+            ctx, lambda: asyncio.run(_run(ctx, url, agent, module_name, attr, fence)),
+            fence=fence, name="openai-agents")
     except RunCancelled:
         raise
     except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ class RunContext:
     # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
     completion: dict[str, Any] = field(default_factory=dict)
     history_source: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+    # Threads of the agent that a cancel left running (a graph node or a tool busy in plain
+    # code, ``framework_thread``): fenced off from the run, they still work for it, so the
+    # executor keeps the run's slot until they end.
+    unfinished: list[threading.Thread] = field(default_factory=list, repr=False)
 
     @property
     def params(self) -> dict[str, Any]:

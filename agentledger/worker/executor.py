@@ -215,6 +215,7 @@ class Executor:
     # ---- running one run -----------------------------------------------------------------
 
     def _execute(self, run: ClaimedRun, active: _Active) -> None:
+        unfinished: list[threading.Thread] = []
         try:
             ctx = RunContext(run_id=run.run_id, thread_id=run.thread_id, input=run.input,
                              agent_execution_snapshot=run.agent_execution_snapshot,
@@ -222,6 +223,7 @@ class Executor:
                              context=run.context, port=self,
                              history_source=functools.partial(self.backend.history, run.run_id),
                              database_url=self.db.url if self.db is not None else None)
+            unfinished = ctx.unfinished
             if run.history is not None:  # read with the claim (an executor over the API)
                 ctx.history = list(run.history)
             kind_name = run.agent_execution_snapshot.get("kind")
@@ -265,6 +267,11 @@ class Executor:
         finally:
             with self._active_lock:
                 self._active.pop(run.run_id, None)
+            # Work the agent left running when the run was cancelled (agent_kinds'
+            # framework_thread) can write nothing more, but still occupies this executor: the
+            # slot is given back when it ends, so the concurrency stays what it says.
+            for thread in unfinished:
+                thread.join()
             if active.holds_slot:
                 self._release()
 

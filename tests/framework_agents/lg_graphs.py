@@ -189,3 +189,52 @@ stalling = StateGraph(MessagesState)
 stalling.add_node("model", call_stalling_model)
 stalling.add_edge(START, "model")
 stalling.add_edge("model", END)
+
+
+# ---- the model-and-tool graph as a node of a parent graph: a subgraph, one and two deep -----
+
+def _around(node) -> StateGraph:
+    """A parent graph whose one node is ``node`` (a compiled graph: LangGraph runs it as a
+    subgraph, with the parent's checkpointer)."""
+    parent = StateGraph(MessagesState)
+    parent.add_node("assistant", node)
+    parent.add_edge(START, "assistant")
+    parent.add_edge("assistant", END)
+    return parent
+
+
+with_subgraph = _around(builder.compile(name="weather"))
+with_nested_subgraph = _around(_around(builder.compile(name="weather")).compile(name="team"))
+
+
+# ---- a graph with a node busy in plain Python (no model, no callback, nothing to interrupt) --
+
+PLOD_STEPS = 50
+PLOD: dict[str, Any] = {"steps": 0, "finished": False, "answered": []}
+
+
+def plod(state: MessagesState) -> dict[str, Any]:
+    if not state["messages"][-1].text.startswith("plod"):
+        return {}
+    for _ in range(PLOD_STEPS):
+        time.sleep(0.1)
+        PLOD["steps"] += 1
+    PLOD["finished"] = True
+    return {"messages": [AIMessage(content="plodded all the way")]}
+
+
+def answer(state: MessagesState) -> dict[str, Any]:
+    """Names every earlier question and how many got an answer: the thread's whole memory."""
+    humans = [m.text for m in state["messages"] if isinstance(m, HumanMessage)]
+    PLOD["answered"].append(humans[-1])
+    answered = sum(isinstance(m, AIMessage) for m in state["messages"])
+    return {"messages": [AIMessage(content=f"Earlier: {' | '.join(humans[:-1]) or 'nothing'} "
+                                           f"({answered} answered). Now: {humans[-1]}.")]}
+
+
+plodding = StateGraph(MessagesState)
+plodding.add_node("plod", plod)
+plodding.add_node("answer", answer)
+plodding.add_edge(START, "plod")
+plodding.add_edge("plod", "answer")
+plodding.add_edge("answer", END)

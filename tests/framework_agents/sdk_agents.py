@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from agents import Agent, function_tool
@@ -63,6 +65,8 @@ class FakeSdkModel(Model):
             return [self._call("ask_helpers", {"task": text}, len(items))]
         if text.startswith("transfer") and handoffs:
             return [self._call(handoffs[0].tool_name, {}, len(items))]
+        if text.startswith("plod"):
+            return [self._call("plod", {"task": text}, len(items))]
         if text.startswith("slow"):
             return [self._message(" ".join(f"w{i}" for i in range(200)))]
         if len(users) > 1:
@@ -153,6 +157,20 @@ def ask_helpers(task: str) -> str:
     return ", ".join(c["status"] for c in children)
 
 
+PLOD_STEPS = 50
+PLOD: dict[str, Any] = {"steps": 0, "finished_at": None}
+
+
+@function_tool
+def plod(task: str) -> str:
+    """Work at the task in plain Python (nothing in it a cancel can interrupt)."""
+    for _ in range(PLOD_STEPS):
+        time.sleep(0.1)
+        PLOD["steps"] += 1
+    PLOD["finished_at"] = datetime.now(UTC)
+    return f"plodded through {task}"
+
+
 # A real agent names its model here (e.g. model="gpt-4.1"); the tests use the fake one.
 assistant = Agent(name="Assistant", instructions="Answer briefly.", model=FakeSdkModel(),
                   tools=[get_weather, ask_helpers])
@@ -167,5 +185,7 @@ def make_assistant() -> Agent:
     """``params.agent = "framework_agents.sdk_agents:make_assistant"``: a factory."""
     return assistant.clone(name="Assistant (factory)")
 
+
+plodder = Agent(name="Plodder", instructions="Work at it.", model=FakeSdkModel(), tools=[plod])
 
 not_an_agent = "just a string"
