@@ -17,11 +17,12 @@ from pathlib import Path
 import dash
 import dash_bootstrap_components as dbc
 from dash import Dash, html
-from flask import Flask, has_request_context
+from flask import Flask, has_request_context, request
 
 from agentledger.web import access
 from agentledger.web.principal import current_principal
 from dashboards import page_registry as registry
+from dashboards.callback_requests import check_callback_request
 from dashboards.components import navbar
 
 ASSETS = Path(__file__).parent / "assets"
@@ -50,7 +51,8 @@ def shell() -> html.Div:
 
 
 class _LockedSetupDash(Dash):
-    """Dash, with its first-request setup run once under a lock.
+    """Dash, with its first-request setup run once under a lock, and malformed callback
+    requests refused before Dash reads them.
 
     Dash sets its server up on the first request (a ``before_request`` hook of the whole
     server, API routes included) behind a flag that it checks and sets without a lock. Two
@@ -70,6 +72,12 @@ class _LockedSetupDash(Dash):
             if not self._setup_done:
                 super()._setup_server()
                 self._setup_done = True
+
+    def dispatch(self):
+        # A body Dash cannot read is the client's mistake: 400 with the JSON envelope
+        # (``InvalidRequest``), not a 500 and a traceback from inside Dash.
+        check_callback_request(request.get_json(silent=True), self.callback_map)
+        return super().dispatch()
 
 
 def mount_dashboards(server: Flask) -> Dash:

@@ -141,37 +141,20 @@ def json_block(value: Any) -> html.Pre:
                     style={"maxHeight": "24rem", "whiteSpace": "pre-wrap", "wordBreak": "break-word"})
 
 
-def events_table(events: list[dict], last_seq: int) -> html.Div:
-    """A run's events as text (their data is JSON, possibly agent output)."""
-    if not events:
-        return empty_state("No events", "This run has no events yet.")
-    body = [
-        html.Tr([html.Td(e["seq"]), html.Td(html.Code(e["type"])), html.Td(when(e["created_at"])),
-                 html.Td(html.Pre(json.dumps(e["data"], ensure_ascii=False, sort_keys=True),
-                                  className="mb-0 small",
-                                  style={"whiteSpace": "pre-wrap", "wordBreak": "break-word"}))])
-        for e in events
-    ]
-    note = None
-    if last_seq > len(events):
-        note = html.P(f"Showing the first {len(events)} of {last_seq} events "
-                      "(the API pages through the rest).", className="small text-muted")
-    return html.Div([
-        dbc.Table([html.Thead(html.Tr([html.Th("#"), html.Th("Type"), html.Th("At"),
-                                       html.Th("Data")])),
-                   html.Tbody(body)], size="sm", hover=True, responsive=True, className="mb-1"),
-        note,
-    ])
-
-
 def text_block(value: str) -> html.Pre:
     """Agent or user text, shown verbatim (wrapped), never interpreted."""
     return html.Pre(value, className="bg-light border rounded p-3 mb-0",
                     style={"whiteSpace": "pre-wrap", "wordBreak": "break-word"})
 
 
-def loading(children, id: str | None = None) -> dcc.Loading:
-    kwargs = {"id": id} if id else {}
+def loading(children, id: str | None = None, *,
+            targets: dict[str, str] | None = None) -> dcc.Loading:
+    """A spinner while ``children`` load; with ``targets`` (component id → property) only
+    while those do, so a part of the page that updates itself (an event log's pager) does not
+    blank the whole of it."""
+    kwargs: dict[str, Any] = {"id": id} if id else {}
+    if targets:
+        kwargs["target_components"] = targets
     return dcc.Loading(children, type="default", delay_show=250, **kwargs)
 
 
@@ -196,11 +179,14 @@ def labelled(label: str, control) -> html.Div:
 
 
 def grid(id: str, columns: list[dict[str, Any]], *, height: str | None = None,
-         **extra: Any) -> dag.AgGrid:
+         compact: bool = False, **extra: Any) -> dag.AgGrid:
     """A read-only grid showing one server-side page; cells are text unless a column says
-    ``cellRenderer: markdown`` (used only for the id links that ``link_cell`` builds)."""
+    ``cellRenderer: markdown`` (used only for the id links that ``link_cell`` builds).
+    ``compact`` narrows the cells' side padding, for a grid of many short numbers."""
     options: dict[str, Any] = {"suppressCellFocus": True, "enableCellTextSelection": True}
     style: dict[str, Any] = {"height": height} if height else {}
+    if compact:
+        style["--ag-cell-horizontal-padding"] = "6px"
     if height is None:
         options["domLayout"] = "autoHeight"
     return dag.AgGrid(

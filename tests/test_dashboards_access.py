@@ -183,3 +183,84 @@ def test_first_requests_at_once_run_dashs_setup_once_and_wait_for_it(db, monkeyp
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(first_request, range(4))) == [200] * 4
     assert len(entered) == 1
+
+
+# --- malformed callback requests: a JSON 400, nothing run, nothing logged as an error ------------
+
+def _with(**changes) -> dict:
+    return {**CALLBACK, **changes}
+
+
+RUN_NODE_INPUTS = CALLBACK["inputs"]
+MALFORMED = {
+    "empty object": {},
+    "a list": [CALLBACK],
+    "null": None,
+    "a string": "run-node.children",
+    "output not a string": _with(output=["run-node.children"]),
+    "unknown output": _with(output="run-node.nothing"),
+    "output of no callback": _with(output="no-such-component.children"),
+    "inputs missing": {k: v for k, v in CALLBACK.items() if k != "inputs"},
+    "inputs not a list": _with(inputs={"id": "run-id", "property": "data"}),
+    "an input too few": _with(inputs=RUN_NODE_INPUTS[:1]),
+    "an input too many": _with(inputs=[*RUN_NODE_INPUTS, RUN_NODE_INPUTS[0]]),
+    "an input not an object": _with(inputs=[RUN_NODE_INPUTS[0], "run_x"]),
+    "an input without an id": _with(inputs=[RUN_NODE_INPUTS[0], {"property": "data", "value": "x"}]),
+    "an input of another component": _with(
+        inputs=[RUN_NODE_INPUTS[0], {"id": "run-tree", "property": "data", "value": "run_x"}]),
+    "an input of another property": _with(
+        inputs=[RUN_NODE_INPUTS[0], {"id": "run-id", "property": "children", "value": "run_x"}]),
+    "an input with a pattern id": _with(
+        inputs=[RUN_NODE_INPUTS[0], {"id": {"type": "run-id"}, "property": "data"}]),
+    "state where none is declared": _with(state=[{"id": "run-id", "property": "data"}]),
+    "outputs missing": {k: v for k, v in CALLBACK.items() if k != "outputs"},
+    "outputs of another component": _with(outputs={"id": "run-header", "property": "children"}),
+    "outputs as a list of one": _with(outputs=[{"id": "run-node", "property": "children"}]),
+    "changedPropIds not a list": _with(changedPropIds="run-id.data"),
+    "changedPropIds not strings": _with(changedPropIds=[["run-id.data"]]),
+}
+
+
+def _viewer(app, keys):
+    client = logged_in(app, keys["viewer"])
+    return client, csrf_headers(client)
+
+
+@pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_callback_request_is_a_json_400(app, keys, body, caplog):
+    client, headers = _viewer(app, keys)
+    with caplog.at_level("WARNING"):
+        reply = client.post("/_dash-update-component", json=body, headers=headers)
+    assert reply.status_code == 400, reply.data[:300]
+    assert reply.mimetype == "application/json"
+    error = reply.get_json()["error"]
+    assert error["code"] == "invalid_request" and error["message"]
+    assert "Traceback" not in reply.get_data(as_text=True)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+@pytest.mark.parametrize("data, content_type", [
+    (b"{not json", "application/json"), (b"", "application/json"),
+    (b'{"output": "run-node.children"}', "text/plain"), (b"\xff\xfe", "application/json"),
+])
+def test_a_callback_body_that_is_not_json_is_a_json_400(app, keys, data, content_type, caplog):
+    client, headers = _viewer(app, keys)
+    with caplog.at_level("WARNING"):
+        reply = client.post("/_dash-update-component", data=data, content_type=content_type,
+                            headers=headers)
+    assert reply.status_code == 400 and reply.mimetype == "application/json"
+    assert reply.get_json()["error"]["code"] == "invalid_request"
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_scripts_get_the_same_400_and_a_real_callback_still_answers(app, keys):
+    bearer = {"Authorization": f"Bearer {keys['viewer']}"}
+    client = app.test_client()
+    refused = client.post("/_dash-update-component", json={}, headers=bearer)
+    assert refused.status_code == 400 and refused.get_json()["error"]["code"] == "invalid_request"
+    answered = client.post("/_dash-update-component", json=CALLBACK, headers=bearer)
+    assert answered.status_code == 200
+    assert list(answered.get_json()["response"]) == ["run-node"]
+    # The one malformed request changed nothing: the real one after it reads as before.
+    viewer, headers = _viewer(app, keys)
+    assert viewer.post("/_dash-update-component", json=CALLBACK, headers=headers).status_code == 200

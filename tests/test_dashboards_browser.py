@@ -326,4 +326,52 @@ def test_agents_compares_two_versions(browser, served, facts):
     for name in names:
         assert name in text
     assert "Support Bot Pro" in text and "gpt-4.1" in text
+    # Each terminal status: its count (as the JSON twin counts it) beside its rate.
+    twin = [i for i in served.api("/api/agent-outcomes?window=30d")["items"] if i["version"] is None]
+    for status in ("succeeded", "failed", "interrupted", "cancelled"):
+        assert sorted(grid_column(browser, "agents-all", f"{status}_count")) == sorted(
+            str(i["by_status"][status]) for i in twin)
+    assert set(grid_column(browser, "agents-all", "succeeded")) <= {
+        f"{i['rates']['succeeded'] * 100:.1f}%" if i["finished"] else "–" for i in twin}
     finish_page(browser, "agents")
+
+
+def _open_the_last_events(browser, served, log: str, path: str, total: int) -> None:
+    """Open ``path``, check its event log opens on seqs 1–200 of ``total``, click "Last »"."""
+    open_page(browser, served, path)
+    label = f"[id*='event-log-label'][id*='\"{log}\"']"
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, label))
+    assert browser.find_element(By.CSS_SELECTOR, label).text == f"Showing seq 1–200 of {total} events"
+    assert "run.completed" not in body_text(browser)
+    last = browser.find_element(By.CSS_SELECTOR, f"[id*='event-log-last'][id*='\"{log}\"']")
+    # Bootstrap scrolls smoothly: jump, so the click lands where the button is.
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})",
+                           last)
+    last.click()
+    start = (total - 1) // 200 * 200
+    WebDriverWait(browser, WAIT).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, label).text
+        == f"Showing seq {start + 1}–{total} of {total} events")
+    text = wait_for_text(browser, "run.completed")
+    assert "run.queued" not in text
+    assert not last.is_enabled()
+    finish_page(browser, f"{log}_last_events")
+
+
+def test_a_long_runs_event_log_reaches_its_terminal_event_in_one_click(browser, served, facts):
+    """A run with more events than a page: the provenance page and the run tree open on the
+    first page, say which seqs they show of how many, and "Last »" shows run.completed."""
+    served.api("/api/agents", method="POST", json={
+        "id": "chatty-bot", "name": "Chatty Bot", "kind": "scripted",
+        "params": {"steps": [{"say": f"word {n} "} for n in range(447)]}})
+    chat = served.api("/api/sessions", method="POST", json={"agent_id": "chatty-bot"})
+    posted = served.api(f"/api/sessions/{chat['id']}/messages", method="POST",
+                        json={"content": "say a lot"}, headers={"Idempotency-Key": "chatty-1"})
+    run_id = posted["run_id"]
+    wait_until(lambda: served.api(f"/api/agent-runs/{run_id}")["status"] == "succeeded",
+               timeout=120, interval=0.3, message="the chatty run to finish")
+    run = served.api(f"/api/agent-runs/{run_id}")
+    assert run["last_event_seq"] > 400  # three pages
+    _open_the_last_events(browser, served, "message", f"/messages/{run['final_message_id']}",
+                          run["last_event_seq"])
+    _open_the_last_events(browser, served, "run", f"/runs/{run_id}", run["last_event_seq"])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from support import history as h
-from support.dashboards import call, logged_in, make_app, texts, tokens
+from support.dashboards import call, csrf_headers, logged_in, make_app, texts, tokens
 
 HOSTILE = "<script>alert('x')</script><b>bold</b> [link](javascript:alert(1))"
 
@@ -168,3 +168,133 @@ def test_lease_page_refreshes_from_the_database_clock(client, db, ledger):
     assert [e["executor_instance_id"] for e in response["leases-executors"]["rowData"]] == ["exec-live"]
     assert "database clock" in response["leases-clock"]["children"]
     assert "search" not in response.get("leases-url", {})  # a clock tick is not a filter change
+
+
+# --- /agents: counts and rates by terminal status ---------------------------------------------
+
+def test_agents_page_shows_each_terminal_status_as_count_and_rate(client, ledger):
+    outputs = [("agents-all", "rowData"), ("agents-note", "children"), ("agents-detail", "children"),
+               ("agents-url", "search"), ("agents-dates-col", "style")]
+    inputs = [("agents-window", "value", "all"), ("agents-dates", "start_date", None),
+              ("agents-dates", "end_date", None), ("agents-agent", "value", "searcher"),
+              ("agents-a", "value", "1"), ("agents-b", "value", "1")]
+    response = call(client, outputs, inputs, [("agents-url", "search", "")])
+    # searcher: the finished child, the failed child and bob's answered decoy
+    [searcher] = [r for r in response["agents-all"]["rowData"] if r["label"].endswith("(searcher)")]
+    assert (searcher["succeeded_count"], searcher["succeeded"]) == (2, "66.7%")
+    assert (searcher["failed_count"], searcher["failed"]) == (1, "33.3%")
+    assert (searcher["interrupted_count"], searcher["cancelled_count"]) == (0, 0)
+    detail = response["agents-detail"]["children"]
+    shown = texts(detail)
+    # The versions side by side: each status's count beside its rate, for both columns.
+    row = shown.index("Succeeded")
+    assert shown[row:row + 3] == ["Succeeded", "2 · 66.7%", "2 · 66.7%"]
+    row = shown.index("Failed")
+    assert shown[row:row + 3] == ["Failed", "1 · 33.3%", "1 · 33.3%"]
+    # The per-version grid carries the counts too.
+    raw = json.dumps(detail)
+    assert '"succeeded_count": 2' in raw and '"failed_count": 1' in raw
+
+
+# --- event logs of long runs: every event reachable, the last page one click away ---------------
+
+LOG_PARTS = (("table", "children"), ("state", "data"), ("label", "children"),
+             ("first", "disabled"), ("prev", "disabled"), ("next", "disabled"), ("last", "disabled"))
+BUTTONS = ("first", "prev", "next", "last")
+
+
+@pytest.fixture
+def long_run(db):
+    """An answer whose run has 450 events: queued, started, 447 deltas and run.completed."""
+    h.agent(db, "talker")
+    chat = h.chat(db, owner="carol", agent_id="talker", title="long answer")
+    posted = h.ask(db, chat, "talk", owner="carol", when=h.at_seconds(100))
+    h.start(db, posted.run_id, h.at_seconds(101))
+    for first in range(0, 446, 100):
+        h.events(db, posted.run_id, h.at_seconds(102), [
+            ("message.delta", {"text": f"part {n} "}) for n in range(first, min(first + 100, 446))])
+    answer = h.complete(db, posted.run_id, h.at_seconds(103), "the end")
+    return {"run": posted.run_id, "answer": answer}
+
+
+def _log_id(part: str, log: str) -> dict:
+    return {"type": f"event-log-{part}", "log": log}
+
+
+def _turn(client, log: str, part: str, state: dict) -> dict:
+    """Click ``part`` of the page's event log, as the browser sends it (pattern ids)."""
+    callback_map = client.application.extensions["agentledger_dash"].callback_map
+    [output] = [key for key in callback_map if "event-log-table" in key]
+    body = {
+        "output": output,
+        "outputs": [{"id": _log_id(p, log), "property": prop} for p, prop in LOG_PARTS],
+        "inputs": [{"id": _log_id(b, log), "property": "n_clicks", "value": 1 if b == part else None}
+                   for b in BUTTONS],
+        "state": [{"id": _log_id("state", log), "property": "data", "value": state}],
+        "changedPropIds": [json.dumps(_log_id(part, log), sort_keys=True, separators=(",", ":"))
+                           + ".n_clicks"],
+    }
+    reply = client.post("/_dash-update-component", headers=csrf_headers(client), json=body)
+    assert reply.status_code == 200, reply.data[:500]
+    found = reply.get_json()["response"]
+    key = json.dumps(_log_id("table", log), sort_keys=True, separators=(",", ":"))
+    assert key in found
+    return {p: found[json.dumps(_log_id(p, log), sort_keys=True, separators=(",", ":"))][prop]
+            for p, prop in LOG_PARTS}
+
+
+def _seqs(table) -> list[int]:
+    rows = table["props"]["children"][1]["props"]["children"]
+    return [row["props"]["children"][0]["props"]["children"] for row in rows]
+
+
+def _opened(client, log: str, long_run) -> list:
+    if log == "message":
+        return call(client, [("message-body", "children")],
+                    [("message-id", "data", long_run["answer"])],
+                    changed=["message-id.data"])["message-body"]["children"]
+    return call(client, [("run-node", "children")],
+                [("run-tree", "tapNodeData", None), ("run-id", "data", long_run["run"])],
+                changed=["run-id.data"])["run-node"]["children"]
+
+
+@pytest.mark.parametrize("log", ["message", "run"])
+def test_event_log_of_a_long_run_reaches_its_terminal_event_in_one_click(client, long_run, log):
+    opened = _opened(client, log, long_run)
+    shown = texts(opened)
+    # The page opens on the first 200 events and says which seqs of how many it shows.
+    assert "Showing seq 1–200 of 450 events" in shown
+    assert "run.queued" in shown and "run.completed" not in shown
+    state = {"run_id": long_run["run"], "after": 0}
+    assert f'"data": {json.dumps(state)}' in json.dumps(opened)
+
+    last = _turn(client, log, "last", state)
+    assert _seqs(last["table"]) == list(range(401, 451))
+    assert "run.completed" in texts(last["table"])
+    assert last["label"] == "Showing seq 401–450 of 450 events"
+    assert (last["first"], last["prev"], last["next"], last["last"]) == (False, False, True, True)
+    assert last["state"] == {"run_id": long_run["run"], "after": 400}
+
+    earlier = _turn(client, log, "prev", last["state"])
+    assert _seqs(earlier["table"]) == list(range(201, 401))
+    assert earlier["label"] == "Showing seq 201–400 of 450 events"
+    assert (earlier["next"], earlier["last"]) == (False, False)
+    later = _turn(client, log, "next", earlier["state"])
+    assert _seqs(later["table"]) == list(range(401, 451))
+    first = _turn(client, log, "first", later["state"])
+    assert _seqs(first["table"]) == list(range(1, 201))
+    assert (first["first"], first["prev"], first["next"]) == (True, True, False)
+
+
+def test_event_log_state_from_the_browser_is_not_trusted(client, long_run):
+    # Off a page boundary, past the end, or not a run: still whole pages of real seqs.
+    odd = _turn(client, "run", "next", {"run_id": long_run["run"], "after": 207})
+    assert _seqs(odd["table"]) == list(range(401, 451))
+    beyond = _turn(client, "run", "prev", {"run_id": long_run["run"], "after": 10_000})
+    assert beyond["label"] == "No events here; the run has 450."
+    assert _seqs(_turn(client, "run", "last", beyond["state"])["table"])[-1] == 450
+    huge = _turn(client, "run", "next", {"run_id": long_run["run"], "after": 10**30})
+    assert huge["label"] == "No events here; the run has 450."
+    for state in ({"run_id": "run_missing", "after": 0}, {"run_id": ["x"]}, "junk", None):
+        gone = _turn(client, "run", "last", state)
+        assert "No such run" in texts(gone["table"])

@@ -131,3 +131,22 @@ def test_pager_walks_forward_and_back_and_resets_on_filter_changes():
     last, newer_off, older_off, label = components.pager_view(state, 7, None)
     assert (newer_off, older_off, label) == (False, True, "rows 51–57")
     assert components.pager_step(last, "p-next", "p")["page"] == 1  # no next page: stay
+
+
+@pytest.mark.parametrize("part, after, last_seq, expected", [
+    ("first", 400, 450, 0),
+    ("prev", 400, 450, 200), ("prev", 0, 450, 0),
+    ("next", 0, 450, 200), ("next", 200, 450, 400), ("next", 400, 450, 400),
+    ("next", 200, 400, 200),  # 201–400 is already the last page
+    ("last", 0, 450, 400), ("last", 0, 400, 200), ("last", 0, 200, 0), ("last", 0, 201, 200),
+    ("last", 0, 0, 0), ("last", 0, 1, 0),
+    (None, 200, 450, 200),
+])
+def test_event_log_pages_are_whole_seq_ranges_and_last_holds_the_final_event(part, after, last_seq,
+                                                                              expected):
+    from dashboards import event_log
+
+    start = event_log.page_after(part, after, last_seq)
+    assert start == expected and start % event_log.PAGE_SIZE == 0
+    if part == "last" and last_seq:
+        assert start < last_seq <= start + event_log.PAGE_SIZE

@@ -18,37 +18,25 @@ from queries.provenance import diff_agent_versions
 
 P = "agents"
 DEFAULT_WINDOW = "30d"
+TERMINAL_SHOWN = ("succeeded", "failed", "interrupted", "cancelled")
+# Each terminal status is two columns under one header: its count (a number, so the column
+# sorts by it) and its share of the finished runs.
 OUTCOME_COLUMNS = [
-    {"field": "label", "headerName": "Agent", "width": 225, "pinned": "left"},
-    {"field": "runs", "headerName": "Runs", "width": 75},
-    {"field": "succeeded", "headerName": "Succeeded", "width": 105},
-    {"field": "failed", "headerName": "Failed", "width": 80},
-    {"field": "interrupted", "headerName": "Interrupted", "width": 105},
-    {"field": "cancelled", "headerName": "Cancelled", "width": 95},
-    {"field": "p50", "headerName": "Latency p50", "width": 110},
-    {"field": "p95", "headerName": "p95", "width": 90},
-    {"field": "p99", "headerName": "p99", "width": 90},
-    {"field": "wait", "headerName": "Queue wait p50", "width": 130},
-    {"field": "tokens", "headerName": "Tokens in / out", "width": 150},
-    {"field": "cost", "headerName": "Cost", "flex": 1, "minWidth": 90},
+    {"field": "label", "headerName": "Agent", "width": 200, "pinned": "left"},
+    {"field": "runs", "headerName": "Runs", "width": 58, "sortable": True},
+    *[{"headerName": status.title(), "children": [
+        {"field": f"{status}_count", "headerName": "count", "width": 64, "sortable": True},
+        {"field": status, "headerName": "rate", "width": 66},
+    ]} for status in TERMINAL_SHOWN],
+    {"headerName": "Latency", "children": [
+        {"field": "p50", "headerName": "p50", "width": 80},
+        {"field": "p95", "headerName": "p95", "width": 80},
+        {"field": "p99", "headerName": "p99", "width": 80},
+    ]},
+    {"headerName": "Queue wait", "children": [{"field": "wait", "headerName": "p50", "width": 92}]},
+    {"field": "tokens", "headerName": "Tokens in / out", "width": 130},
+    {"field": "cost", "headerName": "Cost", "flex": 1, "minWidth": 80},
 ]
-METRICS = (
-    ("Runs", "runs", str),
-    ("Finished", "finished", str),
-    ("Succeeded", ("rates", "succeeded"), ui.percent),
-    ("Failed", ("rates", "failed"), ui.percent),
-    ("Interrupted", ("rates", "interrupted"), ui.percent),
-    ("Cancelled", ("rates", "cancelled"), ui.percent),
-    ("Latency p50", "latency_p50", ui.seconds),
-    ("Latency p95", "latency_p95", ui.seconds),
-    ("Latency p99", "latency_p99", ui.seconds),
-    ("Queue wait p50", "queue_wait_p50", ui.seconds),
-    ("Queue wait p95", "queue_wait_p95", ui.seconds),
-    ("Input tokens", "input_tokens", lambda v: f"{v:,}"),
-    ("Output tokens", "output_tokens", lambda v: f"{v:,}"),
-    ("Cost", "cost_usd", lambda v: f"${v:,.4f}"),
-    ("Runs without a price", "runs_without_cost", str),
-)
 
 
 def cost_text(outcome: dict) -> str:
@@ -58,6 +46,33 @@ def cost_text(outcome: dict) -> str:
     text = f"${outcome['cost_usd']:,.4f}"
     missing = outcome.get("runs_without_cost") or 0
     return f"{text} (+{missing} run{'s' if missing != 1 else ''} unpriced)" if missing else text
+
+
+def count_and_rate(outcome: dict, status: str) -> str:
+    """How many finished runs ended in ``status``, and their share of the finished runs."""
+    return f"{outcome['by_status'][status]:,} · {ui.percent(outcome['rates'][status])}"
+
+
+def _value(key: str, show):
+    return lambda outcome: "–" if outcome[key] is None else show(outcome[key])
+
+
+# The version comparison's rows: a label, and how to show it for one version's outcome.
+METRICS = (
+    ("Runs", _value("runs", str)),
+    ("Finished", _value("finished", str)),
+    *[(status.title(), lambda o, status=status: count_and_rate(o, status))
+      for status in TERMINAL_SHOWN],
+    ("Latency p50", _value("latency_p50", ui.seconds)),
+    ("Latency p95", _value("latency_p95", ui.seconds)),
+    ("Latency p99", _value("latency_p99", ui.seconds)),
+    ("Queue wait p50", _value("queue_wait_p50", ui.seconds)),
+    ("Queue wait p95", _value("queue_wait_p95", ui.seconds)),
+    ("Input tokens", _value("input_tokens", lambda v: f"{v:,}")),
+    ("Output tokens", _value("output_tokens", lambda v: f"{v:,}")),
+    ("Cost", cost_text),
+    ("Runs without a price", _value("runs_without_cost", str)),
+)
 
 
 def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_):
@@ -73,7 +88,7 @@ def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_)
         ], className="g-2 mb-3"),
         ui.loading(html.Div([
             html.Div(id=f"{P}-note", className="small text-muted mb-1"),
-            ui.grid(f"{P}-all", OUTCOME_COLUMNS),
+            ui.grid(f"{P}-all", OUTCOME_COLUMNS, compact=True),
         ])),
         html.Hr(),
         dbc.Row([
@@ -127,10 +142,11 @@ def pick_agent(agent_id, a, b):
 
 
 def _row(outcome: dict, label: str) -> dict:
-    rates = outcome["rates"]
+    rates, counts = outcome["rates"], outcome["by_status"]
     return {
         "label": label, "runs": outcome["runs"],
-        **{s: ui.percent(rates[s]) for s in ("succeeded", "failed", "interrupted", "cancelled")},
+        **{s: ui.percent(rates[s]) for s in TERMINAL_SHOWN},
+        **{f"{s}_count": counts[s] for s in TERMINAL_SHOWN},
         "p50": ui.seconds(outcome["latency_p50"]), "p95": ui.seconds(outcome["latency_p95"]),
         "p99": ui.seconds(outcome["latency_p99"]), "wait": ui.seconds(outcome["queue_wait_p50"]),
         "tokens": f"{outcome['input_tokens']:,} / {outcome['output_tokens']:,}",
@@ -138,26 +154,12 @@ def _row(outcome: dict, label: str) -> dict:
     }
 
 
-def _metric(outcome: dict | None, key) -> object:
-    if outcome is None:
-        return None
-    if isinstance(key, tuple):
-        return outcome[key[0]][key[1]]
-    return outcome[key]
-
-
 def _side_by_side(agent_id: str, a: int, b: int, va: dict | None, vb: dict | None, diff: dict | None):
-    def fmt(outcome, key, show):
-        value = _metric(outcome, key)
-        return "–" if value is None else show(value)
+    def shown(outcome, show):
+        return "–" if outcome is None else show(outcome)
 
-    def shown(outcome, key, show):
-        if key == "cost_usd" and outcome is not None:
-            return cost_text(outcome)
-        return fmt(outcome, key, show)
-
-    rows = [html.Tr([html.Th(label, className="fw-normal text-muted"), html.Td(shown(va, key, show)),
-                     html.Td(shown(vb, key, show))]) for label, key, show in METRICS]
+    rows = [html.Tr([html.Th(label, className="fw-normal text-muted"), html.Td(shown(va, show)),
+                     html.Td(shown(vb, show))]) for label, show in METRICS]
     head = html.Thead(html.Tr([html.Th("Metric"),
                                html.Th(f"v{a} {va['name'] if va else ''}", id=f"{P}-col-a"),
                                html.Th(f"v{b} {vb['name'] if vb else ''}", id=f"{P}-col-b")]))
@@ -230,7 +232,7 @@ def outcomes(window, since, until, agent_id, a, b, current_search):
         charts = ui.empty_state("No runs", f"{agent_id} ran no run created in {described}.")
     else:
         charts = html.Div([
-            ui.grid(f"{P}-versions", OUTCOME_COLUMNS,
+            ui.grid(f"{P}-versions", OUTCOME_COLUMNS, compact=True,
                     rowData=[_row(v, f"v{v['version']} {v['name']}") for v in versions]),
             dbc.Row([
                 dbc.Col(dbc.Card([dbc.CardHeader("Terminal status by version"), dbc.CardBody(

@@ -12,19 +12,18 @@ import dash_bootstrap_components as dbc
 from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
+from dashboards import event_log
 from dashboards.page_registry import callback
 from queries.agents_catalog import get_agent
 from queries.provenance import UserMessage, diff_agent_versions, message_provenance
-from queries.run_events import events_page
 
 P = "message"
-EVENTS_SHOWN = 200
 
 
 def layout(message_id: str | None = None, **_):
     return html.Div([
         dcc.Store(id=f"{P}-id", data=message_id),
-        ui.loading(html.Div(id=f"{P}-body")),
+        ui.loading(html.Div(id=f"{P}-body"), targets={f"{P}-body": "children"}),
     ])
 
 
@@ -92,7 +91,7 @@ def _since_then(agent_id: str, version: int, current: dict | None, diff: dict | 
 
 @callback(Output(f"{P}-body", "children"), Input(f"{P}-id", "data"))
 def show(message_id):
-    if not message_id:
+    if not isinstance(message_id, str) or not message_id:
         return ui.empty_state("No message", "Open an answer from the Messages page.")
     with ui.read() as s:
         try:
@@ -106,7 +105,7 @@ def show(message_id):
                                   f"There is no message {message_id}. Search on the Messages page.")
         run = found["run"]
         agent = found["agent"]
-        events = events_page(s, run["id"], limit=EVENTS_SHOWN)
+        events = event_log.first_page(s, run["id"])
         current = get_agent(s, agent["id"], with_versions=False)
         diff = (diff_agent_versions(s, agent["id"], agent["version"], current["version"])
                 if current and current["version"] != agent["version"] else None)
@@ -160,7 +159,7 @@ def show(message_id):
         dbc.Card([dbc.CardHeader("In memory when it answered"),
                   dbc.CardBody(_memory(found["history"]))], className="mb-3"),
         dbc.Card([dbc.CardHeader(f"Events of run {run['id']}"),
-                  dbc.CardBody(ui.events_table(events.events, events.last_event_seq))]),
+                  dbc.CardBody(event_log.event_log(P, events))]),
     ])
 
 

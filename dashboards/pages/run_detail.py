@@ -12,14 +12,12 @@ import dash_cytoscape as cyto
 from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
-from dashboards import figures
+from dashboards import event_log, figures
 from dashboards.page_registry import callback
-from queries.run_events import events_page
 from queries.run_tree import run_tree
 from queries.runs import get_run
 
 P = "run"
-EVENTS_SHOWN = 200
 
 
 def layout(run_id: str | None = None, **_):
@@ -38,7 +36,8 @@ def layout(run_id: str | None = None, **_):
                     autoungrabify=True,
                 ), className="p-1"),
             ]), lg=6, className="mb-3"),
-            dbc.Col(ui.loading(html.Div(id=f"{P}-node")), lg=6, className="mb-3"),
+            dbc.Col(ui.loading(html.Div(id=f"{P}-node"), targets={f"{P}-node": "children"}),
+                    lg=6, className="mb-3"),
         ]),
     ])
 
@@ -50,6 +49,7 @@ def layout(run_id: str | None = None, **_):
     Input(f"{P}-id", "data"),
 )
 def load_tree(run_id):
+    run_id = run_id if isinstance(run_id, str) else None  # ids are text; anything else names no run
     with ui.read() as s:
         tree = run_tree(s, run_id) if run_id else None
     if tree is None:
@@ -77,12 +77,13 @@ def load_tree(run_id):
     Input(f"{P}-id", "data"),
 )
 def show_node(tapped, run_id):
-    node_id = (tapped or {}).get("id") or run_id
+    tapped_id = tapped.get("id") if isinstance(tapped, dict) else None
+    node_id = next((i for i in (tapped_id, run_id) if isinstance(i, str) and i), None)
     if not node_id:
         return None
     with ui.read() as s:
         run = get_run(s, node_id)
-        events = events_page(s, node_id, limit=EVENTS_SHOWN) if run else None
+        events = event_log.first_page(s, node_id) if run else None
     if run is None:
         return None
     error = run["error"]
@@ -106,7 +107,7 @@ def show_node(tapped, run_id):
                 ui.fact("Error", ui.json_block(error) if error else "–"),
             ]),
             dbc.Tabs([
-                dbc.Tab(ui.events_table(events.events, events.last_event_seq), label="Events",
+                dbc.Tab(event_log.event_log(P, events), label="Events",
                         tab_id="events", className="pt-2"),
                 dbc.Tab(ui.json_block(run["agent_execution_snapshot"]), label="Agent snapshot",
                         tab_id="agent", className="pt-2"),
