@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_JSON_DEPTH = 100
+MAX_JSON_DEPTH = 256
 TOO_DEEP = f"the body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays"
 
 
