@@ -38,6 +38,23 @@ def check_callback_request(body: Any, callback_map: dict[str, dict[str, Any]]) -
     changed = body.get("changedPropIds", [])
     if not isinstance(changed, list) or not all(isinstance(c, str) for c in changed):
         raise InvalidRequest("'changedPropIds' must be a list of strings")
+    for prop_id in changed:
+        _check_changed(prop_id)
+
+
+def _check_changed(prop_id: str) -> None:
+    """``<component id>.<property>``, a pattern id as its JSON object: what Dash's callback
+    context parses (``ctx.triggered_id``), where anything else fails inside the callback."""
+    component, _, prop = prop_id.rpartition(".")
+    if not component or not prop:
+        raise InvalidRequest("'changedPropIds' entries are <component id>.<property>")
+    if component.startswith("{"):
+        try:
+            parsed = json.loads(component)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest("'changedPropIds' names a pattern id that is not a JSON object")
 
 
 def _check_dependencies(key: str, sent: Any, declared: list[dict[str, Any]]) -> None:

@@ -218,6 +218,9 @@ MALFORMED = {
     "outputs as a list of one": _with(outputs=[{"id": "run-node", "property": "children"}]),
     "changedPropIds not a list": _with(changedPropIds="run-id.data"),
     "changedPropIds not strings": _with(changedPropIds=[["run-id.data"]]),
+    "changedPropIds without a property": _with(changedPropIds=["run-id"]),
+    "changedPropIds with a broken pattern id": _with(
+        changedPropIds=["{'type': 'event-log-next', 'log': 'run'}.n_clicks"]),
 }
 
 

@@ -27,6 +27,7 @@ changes nothing of the run.
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from sqlalchemy import select
@@ -130,7 +131,20 @@ def _body(method: str, path: str):
         ("POST", "/api/executor/runs/{run_id}/children"): {
             "executor_instance_id": "matrix", "agent_id": "echo", "input": "x"},
         ("POST", "/api/otel/v1/traces"): {"resourceSpans": []},  # an empty OTLP JSON export
+        **{("POST", f"/api/executor/runs/{{run_id}}/{operation}"): {
+            "executor_instance_id": "matrix", **body} for operation, body in MEMORY_BODIES.items()},
     }[(method, path)]
+
+
+# The memory routes of a run (its thread's LangGraph checkpoints and Agents SDK session).
+MEMORY_BODIES = {
+    "checkpoints/get": {}, "checkpoints/list": {},
+    "checkpoints/put": {"checkpoint": {"type": "null", "data": ""}},
+    "checkpoints/put-writes": {"checkpoint_id": "c", "task_id": "t", "writes": [
+        {"channel": "x", "value": {"type": "null", "data": ""}}]},
+    "session/get-items": {}, "session/add-items": {"items": [{"role": "user", "content": "x"}]},
+    "session/pop-item": {}, "session/clear": {},
+}
 
 
 def _expected(op: dict, path_params: list[str], identity: str, target: str | None) -> str:
@@ -208,6 +222,7 @@ EXECUTOR_OPERATIONS = {
     ("POST", "/api/otel/v1/traces"),  # executors may record runs from traces (CONTRACT §8)
     ("POST", "/api/executor/claim"), ("POST", "/api/executor/runs/{run_id}/heartbeat"),
     ("POST", "/api/executor/runs/{run_id}/events"), ("POST", "/api/executor/runs/{run_id}/children"),
+    *(("POST", f"/api/executor/runs/{{run_id}}/{operation}") for operation in MEMORY_BODIES),
 }
 
 
@@ -234,7 +249,22 @@ def test_an_executor_reads_runs_and_their_events_and_nothing_else(world):
 
 def _outputs(key: str) -> list[tuple[str, str]]:
     parts = key.strip(".").split("...") if key.startswith("..") else [key]
-    return [tuple(p.rsplit(".", 1)) for p in parts]
+    return [(_sent_id(i), prop) for i, prop in (p.rsplit(".", 1) for p in parts)]
+
+
+def _changed_id(sent) -> str:
+    """How the renderer names a component in ``changedPropIds``: a pattern id as compact JSON
+    with sorted keys."""
+    return sent if isinstance(sent, str) else json.dumps(sent, sort_keys=True,
+                                                         separators=(",", ":"))
+
+
+def _sent_id(declared: str):
+    """The id the renderer sends for a declared one: a pattern id (JSON with a MATCH wildcard,
+    the event logs') as the object of one concrete component, any other id as it is."""
+    if not declared.startswith("{"):
+        return declared
+    return {k: "message" if v == ["MATCH"] else v for k, v in json.loads(declared).items()}
 
 
 def test_dash_callback_matrix_matches_the_documented_table(world):
@@ -254,11 +284,12 @@ def test_dash_callback_matrix_matches_the_documented_table(world):
             value = objects[kind][target] if kind else None
             # what the browser sends for a location: a path, an empty query; else None
             defaults = {"pathname": "/", "search": "", "hash": "", "href": "http://x/"}
-            inputs = [(i["id"], i["property"], value if i["id"] in object_inputs
+            inputs = [(_sent_id(i["id"]), i["property"], value if i["id"] in object_inputs
                        else defaults.get(i["property"])) for i in spec["inputs"]]
-            state = [(i["id"], i["property"], None) for i in spec.get("state", [])]
+            state = [(_sent_id(i["id"]), i["property"], None) for i in spec.get("state", [])]
             body = dash_request(_outputs(key), inputs, state,
-                                changed=[f"{i[0]}.{i[1]}" for i in inputs[:1]])
+                                changed=[f"{_changed_id(i[0])}.{i[1]}" for i in inputs[:1]])
+            body["output"] = key  # the renderer names a callback by its declared outputs
             client = clients[identity]
             reply = client.post("/_dash-update-component", json=body,
                                 headers=csrf_headers(client))
