@@ -20,7 +20,7 @@ from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
 from agentledger.core.vocabulary import ACTIVE
-from ingest.events import LOCKED_RUN_COLUMNS, lease_deadline, start_locked_runs
+from ingest.events import LOCKED_RUN_COLUMNS, check_lease, lease_deadline, start_locked_runs
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
 
@@ -244,3 +244,19 @@ def heartbeat(
             raise NotFound(f"run {run_id} does not exist")
         raise LeaseLost(f"executor {executor_instance_id} does not hold the lease of run {run_id}")
     return Heartbeat(lease_expires_at=expires, cancel_requested=row.status == "cancelling")
+
+
+def leased_thread(session: Session, run_id: str, executor_instance_id: str) -> str:
+    """The thread of a run whose live lease this executor holds: what the memory routes check
+    before they touch the thread's framework memory. ``NotFound`` for no such run; otherwise
+    the appends' own check (``LeaseLost``: another instance's lease, an expired one, an ended
+    run). A read only: the framework writes on a connection of its own, which a lock held here
+    would block on SQLite; the executor's ``WriteFence`` closes before the run's end is written."""
+    row = session.execute(
+        select(AgentRun.id, AgentRun.status, AgentRun.thread_id, AgentRun.executor_instance_id,
+               AgentRun.lease_expires_at).where(AgentRun.id == run_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    check_lease(row, executor_instance_id, dialect.now(session))
+    return row.thread_id

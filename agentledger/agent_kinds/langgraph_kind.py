@@ -8,6 +8,8 @@ without the extra.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from agentledger.agent_kinds import code_agents
@@ -176,26 +178,41 @@ def run_langgraph(ctx: RunContext) -> str | None:
     if not langgraph_installed():
         raise AgentFailed(f"kind langgraph needs the langgraph extra on this worker ({EXTRA})",
                           code="agent_unavailable")
-    if not ctx.database_url:
+    if not ctx.database_url and ctx.memory is None:
         raise AgentFailed("kind langgraph keeps its checkpoints in the ledger database; this "
-                          "executor has no database access", code="agent_unavailable")
+                          "executor has neither database access nor a ledger server to keep "
+                          "them", code="agent_unavailable")
     try:
         obj, module_name, attr = code_agents.load_reference(ctx.params.get("graph"), "params.graph")
     except Unavailable as exc:
         raise code_agents.unavailable(exc) from None
-    fence, url = WriteFence(), ctx.database_url
-    return run_in_own_thread(ctx, lambda: _run_graph(ctx, url, obj, module_name, attr, fence),
+    fence = WriteFence()
+    return run_in_own_thread(ctx, lambda: _run_graph(ctx, obj, module_name, attr, fence),
                              fence=fence, name="langgraph")
 
 
-def _run_graph(ctx: RunContext, url: str, obj: Any, module_name: str, attr: str,
+@contextmanager
+def _checkpointer(ctx: RunContext) -> Iterator[Any]:
+    """LangGraph's own saver on the ledger database, or, for an executor without database
+    access, the saver that asks the ledger server to use that same saver there."""
+    if ctx.database_url:
+        with langgraph_checkpointer(ctx.database_url) as saver:
+            yield saver
+        return
+    from agentledger.agent_kinds.remote_checkpointer import RemoteCheckpointSaver
+
+    assert ctx.memory is not None
+    yield RemoteCheckpointSaver(ctx.memory, ctx.thread_id)
+
+
+def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
                fence: WriteFence) -> str | None:
     """The graph's run, in a thread of its own (``framework_thread``), which also opens and
     closes the checkpointer: a graph abandoned by a cancel keeps its connection until it ends."""
     from langchain_core.messages import AIMessage
     from langgraph.types import Command
 
-    with langgraph_checkpointer(url) as checkpointer:
+    with _checkpointer(ctx) as checkpointer:
         fence.guard(checkpointer, *CHECKPOINT_WRITES)
         try:
             graph = _compiled(obj, checkpointer, "params.graph")

@@ -2,15 +2,17 @@
 
 ``params.agent`` is ``"package.module:attr"``: an ``agents.Agent`` or a callable returning one.
 The run executes ``Runner.run_streamed(agent, input, session=...)`` where the session is the
-SDK's own ``SQLAlchemySession`` on the ledger's database, keyed by the run's thread, so the
-conversation continues across runs, processes and restarts. The SDK is imported only when such
-an agent is registered or run.
+SDK's own ``SQLAlchemySession`` on the ledger's database, keyed by the run's thread (for an
+executor without database access, ``remote_session`` asks the ledger server to use that same
+session), so the conversation continues across runs, processes, restarts and kinds of worker.
+The SDK is imported only when such an agent is registered or run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentledger.agent_kinds import code_agents
@@ -111,11 +113,26 @@ async def _watch_cancel(ctx: RunContext, result) -> None:
             return
 
 
-async def _run(ctx: RunContext, url: str, agent, module_name: str, attr: str,
+def _session(ctx: RunContext) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    """The thread's session and what closes it: the SDK's own ``SQLAlchemySession`` on the
+    ledger database, or, for an executor without database access, the session that asks the
+    ledger server to use that same session there."""
+    if ctx.database_url:
+        session = sdk_session(ctx.thread_id, ctx.database_url)
+        return session, session.engine.dispose
+    from agentledger.agent_kinds.remote_session import RemoteSession
+
+    assert ctx.memory is not None
+    remote = RemoteSession(ctx.memory, ctx.thread_id)
+    return remote, remote.close
+
+
+async def _run(ctx: RunContext, agent, module_name: str, attr: str,
                fence: WriteFence) -> str | None:
     from agents import RunConfig, Runner
 
-    session = fence.guard(sdk_session(ctx.thread_id, url), *SESSION_WRITES)
+    session, close = _session(ctx)
+    fence.guard(session, *SESSION_WRITES)
     watcher = None
     try:
         ctx.emit("agent.resolved", code_agents.resolved(
@@ -139,16 +156,17 @@ async def _run(ctx: RunContext, url: str, agent, module_name: str, attr: str,
     finally:
         if watcher is not None:
             watcher.cancel()
-        await session.engine.dispose()
+        await close()
 
 
 def run_openai_agent(ctx: RunContext) -> str | None:
     if not openai_agents_installed():
         raise AgentFailed(f"kind openai-agents needs the openai-agents extra on this worker ({EXTRA})",
                           code="agent_unavailable")
-    if not ctx.database_url:
+    if not ctx.database_url and ctx.memory is None:
         raise AgentFailed("kind openai-agents keeps its sessions in the ledger database; this "
-                          "executor has no database access", code="agent_unavailable")
+                          "executor has neither database access nor a ledger server to keep "
+                          "them", code="agent_unavailable")
     try:
         obj, module_name, attr = code_agents.load_reference(ctx.params.get("agent"), "params.agent")
         agent = _agent(obj, "params.agent")
@@ -162,10 +180,10 @@ def run_openai_agent(ctx: RunContext) -> str | None:
     # loop's executor and ``asyncio.run`` waits for it at the end, and a blocking async tool
     # holds the loop itself, so neither lets this thread end the run on a cancel. The watcher
     # above still stops the SDK itself at its next step.
-    fence, url = WriteFence(), ctx.database_url
+    fence = WriteFence()
     try:
         return run_in_own_thread(
-            ctx, lambda: asyncio.run(_run(ctx, url, agent, module_name, attr, fence)),
+            ctx, lambda: asyncio.run(_run(ctx, agent, module_name, attr, fence)),
             fence=fence, name="openai-agents")
     except RunCancelled:
         raise

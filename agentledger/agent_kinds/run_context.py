@@ -31,6 +31,15 @@ class ExecutionPort(Protocol):
     def check(self, run_id: str) -> None: ...
 
 
+class MemoryPort(Protocol):
+    """The run's thread's framework memory served by a ledger server, for an executor without
+    database access (implemented by ``worker.http_backend``): ``call(operation, body)`` is one
+    memory route of the run (``agentledger.api.routes_memory``), its answer as a dict. A refused
+    value raises ``AgentFailed``; a lost lease the ledger's own ``LeaseLost``."""
+
+    def call(self, operation: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
 class _ReadWhenAsked:
     """A run's history, read on first use (``history_source``) unless it was given: most agent
     kinds keep their own memory and never ask, and every read is a query."""
@@ -64,9 +73,11 @@ class RunContext:
     # "created_at"}; read from ``history_source`` the first time an agent asks, if not given.
     history: list[dict[str, Any]] = _ReadWhenAsked()  # type: ignore[assignment]
     answer_parts: list[str] = field(default_factory=list)
-    # The ledger database, for kinds that keep their framework's own memory there (None when the
-    # executor works through the API only).
+    # Where kinds that keep their framework's own memory (checkpoints, sessions) find it: the
+    # ledger database, or, for an executor that works through the API only, the server's memory
+    # routes (``memory``; the same tables behind them).
     database_url: str | None = None
+    memory: MemoryPort | None = field(default=None, repr=False)
     # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
     completion: dict[str, Any] = field(default_factory=dict)
     history_source: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)

@@ -18,6 +18,7 @@ import importlib.util
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
@@ -61,8 +62,9 @@ def _libpq(url: str) -> str:
 
 
 @contextmanager
-def langgraph_checkpointer(url: str) -> Iterator:
-    """LangGraph's own saver on the ledger database at ``url``, open for one run."""
+def langgraph_checkpointer(url: str, *, serde: Any = None) -> Iterator:
+    """LangGraph's own saver on the ledger database at ``url``, open for one run (or one
+    request of the checkpoint routes, which pass their strict ``serde``)."""
     url = normalize_url(url)
     if _is_sqlite(url):
         from langgraph.checkpoint.sqlite import SqliteSaver
@@ -72,13 +74,15 @@ def langgraph_checkpointer(url: str) -> Iterator:
             raise ValueError("the langgraph checkpointer needs a SQLite file, not :memory:")
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
         try:
-            yield SqliteSaver(conn)
+            yield SqliteSaver(conn, serde=serde)
         finally:
             conn.close()
     else:
         from langgraph.checkpoint.postgres import PostgresSaver
 
         with PostgresSaver.from_conn_string(_libpq(url)) as saver:
+            if serde is not None:  # from_conn_string takes none
+                saver.serde = serde
             yield saver
 
 

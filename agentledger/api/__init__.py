@@ -18,6 +18,7 @@ def load_routes() -> None:
         routes_agents,
         routes_dashboards,
         routes_executor,
+        routes_memory,
         routes_meta,
         routes_otlp,
         routes_runs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from agentledger import __version__
 from agentledger.api.operations import Operation
@@ -19,7 +19,8 @@ ERROR_TEXT = {
     409: "Conflict with the current state",
     413: "Body too large (payload_too_large)",
     415: "Content-Type not accepted (unsupported_media_type)",
-    422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message)",
+    422: "Body fields invalid (validation_error, unknown_agent, not_an_assistant_message, "
+         "framework_unavailable)",
     414: "Request URL too long (invalid_request)",
     429: "Too many requests (rate_limited)",
     431: "Request headers too large (invalid_request)",
@@ -27,8 +28,8 @@ ERROR_TEXT = {
 }
 
 
-def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], str]]:
-    seen: dict[type[BaseModel], str] = {ErrorResponse: "serialization"}
+def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
+    seen: dict[type[BaseModel], JsonSchemaMode] = {ErrorResponse: "serialization"}
     for op in operations:
         if op.body is not None:
             seen[op.body] = "validation"

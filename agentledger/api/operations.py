@@ -39,6 +39,8 @@ class Operation:
     headers: dict[str, str] = field(default_factory=dict)
     # A body the view reads itself (not JSON for a pydantic model): media type -> OpenAPI schema.
     raw_body: dict[str, Any] | None = None
+    # The largest body accepted, when it is not the app's (``Settings.max_body_bytes``).
+    max_body: int | None = None
 
     @property
     def openapi_path(self) -> str:
@@ -104,12 +106,12 @@ class ApiRegistry:
 
     def route(self, path: str, method: str, *, summary: str, roles=READERS, body=None,
               query=None, responses=None, errors=(), tag="api", extra_content=None,
-              headers=None, raw_body=None):
+              headers=None, raw_body=None, max_body=None):
         if body is not None and raw_body is not None:
             raise ValueError("a route has either a pydantic body or a raw body")
         op = Operation(method.upper(), "/api" + path, summary, tuple(roles) if roles else None,
                        body, query, responses or {}, tuple(errors), tag, extra_content,
-                       headers or {}, raw_body)
+                       headers or {}, raw_body, max_body)
         self.operations.append(op)
 
         def decorate(view: Callable) -> Callable:
@@ -126,6 +128,8 @@ class ApiRegistry:
                 if op.query is not None:
                     kwargs["query"] = parse_query(op.query)
                 if op.body is not None:
+                    if op.max_body is not None:
+                        request.max_content_length = op.max_body
                     kwargs["body"], kwargs["raw_body"] = parse_body(op.body)
                 return view(**kwargs)
 

@@ -156,6 +156,71 @@ class CreateChildBody(Strict):
     input: StorableText = Field(min_length=1, max_length=MAX_CONTENT)
 
 
+# ---- a run's framework memory (agentledger.api.routes_memory) -----------------------------
+
+CheckpointNs = Annotated[StorableText, Field(max_length=1000, description=(
+    "LangGraph checkpoint namespace: empty for the graph, parent:task for a subgraph"))]
+CheckpointId = Annotated[StorableText, Field(min_length=1, max_length=200)]
+
+
+class MemoryCall(Strict):
+    """Every memory route works on the thread of the run in its path, for the executor holding
+    its lease; a body never names a thread."""
+
+    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+
+
+class TypedValue(Strict):
+    """A value as LangGraph's serializer writes it (``dumps_typed``), the bytes in base64."""
+
+    type: Literal["null", "bytes", "bytearray", "msgpack"]
+    data: str = Field(max_length=16 * 1024 * 1024, description="base64")
+
+
+class CheckpointGetBody(MemoryCall):
+    checkpoint_ns: CheckpointNs = ""
+    checkpoint_id: CheckpointId | None = Field(default=None, description="unset: the latest")
+
+
+class CheckpointListBody(MemoryCall):
+    checkpoint_ns: CheckpointNs | None = Field(default=None, description="unset: every namespace")
+    checkpoint_id: CheckpointId | None = None
+    before: CheckpointId | None = Field(default=None,
+                                        description="only checkpoints older than this id")
+    filter: dict[str, Any] | None = Field(default=None, description="metadata filter")
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+class CheckpointPutBody(MemoryCall):
+    checkpoint_ns: CheckpointNs = ""
+    parent_checkpoint_id: CheckpointId | None = None
+    checkpoint: TypedValue
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    new_versions: dict[str, StorableText | int | float] = Field(default_factory=dict)
+
+
+class PendingWriteBody(Strict):
+    channel: StorableText = Field(min_length=1, max_length=1000)
+    value: TypedValue
+
+
+class CheckpointWritesBody(MemoryCall):
+    checkpoint_ns: CheckpointNs = ""
+    checkpoint_id: CheckpointId
+    task_id: StorableText = Field(min_length=1, max_length=200)
+    task_path: StorableText = Field(default="", max_length=2000)
+    writes: list[PendingWriteBody] = Field(min_length=1, max_length=10_000)
+
+
+class SessionItemsBody(MemoryCall):
+    limit: int | None = Field(default=None, ge=0, le=MAX_INT32,
+                              description="the latest this many items; unset: all")
+
+
+class SessionAddBody(MemoryCall):
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=10_000)
+
+
 # ---- the JSON twins of the dashboards (CONTRACT §9) ---------------------------------------
 
 WindowKey = Literal["1h", "6h", "24h", "7d", "14d", "30d", "90d", "all"]

@@ -227,6 +227,60 @@ class ChildOut(BaseModel):
     events_url: str
 
 
+class TypedValueOut(BaseModel):
+    type: str
+    data: str
+
+
+class PendingWriteOut(BaseModel):
+    task_id: str
+    channel: str
+    value: TypedValueOut
+
+
+class CheckpointTupleOut(BaseModel):
+    """A LangGraph ``CheckpointTuple``: its configs and metadata as the saver keeps them, the
+    checkpoint and each pending write's value as LangGraph's serializer writes them."""
+
+    config: dict[str, Any]
+    checkpoint: TypedValueOut
+    metadata: dict[str, Any]
+    parent_config: dict[str, Any] | None
+    pending_writes: list[PendingWriteOut]
+
+
+class CheckpointOut(BaseModel):
+    checkpoint: CheckpointTupleOut | None
+
+
+class CheckpointListOut(BaseModel):
+    checkpoints: list[CheckpointTupleOut]
+
+
+class CheckpointPutOut(BaseModel):
+    config: dict[str, Any]
+
+
+class WritesOut(BaseModel):
+    written: int
+
+
+class SessionItemsOut(BaseModel):
+    items: list[Any]
+
+
+class SessionItemOut(BaseModel):
+    item: Any
+
+
+class SessionAddedOut(BaseModel):
+    added: int
+
+
+class SessionClearedOut(BaseModel):
+    cleared: bool
+
+
 class AdminActionOut(BaseModel):
     id: str
     at: str

@@ -14,6 +14,22 @@ from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport
 
 log = logging.getLogger("agentledger.client")
 
+# The memory routes and how each is retried after an unclear failure. Reads repeat harmlessly;
+# so do LangGraph's writes, which its savers store by key (a checkpoint by its id, a write by
+# task, channel and index): a repeat stores the same rows again. A session's ``add-items``
+# would add the items twice and ``pop-item`` take a second one: retried only when certainly
+# never sent. ``clear`` twice is clear once.
+MEMORY_OPERATIONS = {
+    "checkpoints/get": SAFE,
+    "checkpoints/list": SAFE,
+    "checkpoints/put": SAFE,
+    "checkpoints/put-writes": SAFE,
+    "session/get-items": SAFE,
+    "session/add-items": UNSENT,
+    "session/pop-item": UNSENT,
+    "session/clear": SAFE,
+}
+
 
 class ExecutorClient:
     """``ExecutorClient(base_url, token, instance_id)`` with an ``executor`` token.
@@ -70,6 +86,20 @@ class ExecutorClient:
         return self._post(f"/api/executor/runs/{run_id}/children",
                           {"executor_instance_id": self.instance_id, "agent_id": agent_id,
                            "input": input}, UNSENT)
+
+    # ---- the run's framework memory (LangGraph checkpoints, Agents SDK session) ------------
+
+    def memory(self, run_id: str, operation: str, body: dict[str, Any]) -> dict:
+        """``POST /api/executor/runs/{run_id}/<operation>`` (one of ``MEMORY_OPERATIONS``) for
+        this instance, which must hold the run's lease; the thread is always the run's own.
+        ``agentledger.agent_kinds.remote_checkpointer`` and ``remote_session`` build the bodies."""
+        try:
+            retry = MEMORY_OPERATIONS[operation]
+        except KeyError:
+            raise ValueError(f"no memory operation {operation!r}; known: "
+                             f"{', '.join(MEMORY_OPERATIONS)}") from None
+        return self._post(f"/api/executor/runs/{run_id}/{operation}",
+                          {**body, "executor_instance_id": self.instance_id}, retry)
 
     # ---- what an executor may read: any run and its events -------------------------------
 

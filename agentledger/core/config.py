@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_DATABASE_URL = "sqlite:///agentledger.db"
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 def _float_env(name: str, default: float) -> float:
@@ -64,6 +66,10 @@ class Settings:
     otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
                        parent never arrived is written as a root run after this quiet period
     metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; 1 serves ``/metrics`` without a token
+    checkpoint_types   AGENTLEDGER_CHECKPOINT_TYPES    unset: the checkpoint routes read only
+                       LangGraph's safe types from executors; else ``package.module:Class``
+                       entries (comma-separated) the server may also rebuild (their modules must
+                       be importable by the server)
     """
 
     database_url: str = DEFAULT_DATABASE_URL
@@ -82,6 +88,7 @@ class Settings:
     redact: str = ""
     otlp_quiet_seconds: float = 60.0
     metrics_public: bool = False
+    checkpoint_types: str = ""
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -101,6 +108,7 @@ class Settings:
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
             metrics_public=os.environ.get("AGENTLEDGER_METRICS_PUBLIC") == "1",
+            checkpoint_types=os.environ.get("AGENTLEDGER_CHECKPOINT_TYPES", ""),
         )
         settings = replace(settings, **overrides)
         settings.check()
@@ -115,6 +123,20 @@ class Settings:
         except RedactionConfigError as exc:
             raise SystemExit(str(exc)) from None
 
+    def checkpoint_type_allowlist(self) -> tuple[tuple[str, str], ...]:
+        """``AGENTLEDGER_CHECKPOINT_TYPES`` as (module, class name) pairs: exact types, as
+        LangGraph's serializer allows them (it has no prefix allowlist, on purpose)."""
+        found = []
+        for entry in (part.strip() for part in self.checkpoint_types.split(",")):
+            if not entry:
+                continue
+            module, _, name = entry.partition(":")
+            if not _DOTTED.match(module) or not _DOTTED.match(name) or "." in name:
+                raise SystemExit(f"AGENTLEDGER_CHECKPOINT_TYPES entries are "
+                                 f"\"package.module:Class\", got {entry!r}")
+            found.append((module, name))
+        return tuple(found)
+
     def check(self) -> None:
         """Refuse settings no process can work with (a clear error at start, not a run that
         loses its lease): an executor renews its leases every ``heartbeat_seconds``, so a
@@ -126,6 +148,7 @@ class Settings:
                 "heartbeat and would expire between two renewals"
             )
         self.redaction_rules()  # a bad AGENTLEDGER_REDACT stops the process at start
+        self.checkpoint_type_allowlist()
 
     @property
     def is_sqlite(self) -> bool:

@@ -103,6 +103,13 @@ class ValidationFailed(LedgerError):
     status, code = 422, "validation_error"
 
 
+class FrameworkUnavailable(LedgerError):
+    """A memory route of an agent framework (LangGraph checkpoints, Agents SDK sessions) was
+    called on a server that does not have that framework installed."""
+
+    status, code = 422, "framework_unavailable"
+
+
 class UnknownAgent(LedgerError):
     """The named agent is not registered."""
 

@@ -2,7 +2,8 @@
 
 ``Executor`` talks to one ``ExecutorBackend``: claim, heartbeat, append, create children, read
 run states (its own runs' status and owner, its children's status and answer), interrupt what it
-holds, and a ``notifier`` to wait on for wake-ups. ``DatabaseBackend`` calls ``ingest`` in
+holds, reach a run's framework memory when it cannot open the database (``memory``), and a
+``notifier`` to wait on for wake-ups. ``DatabaseBackend`` calls ``ingest`` in
 short transactions and is woken by the database's notifications; ``HttpBackend``
 (``agentledger.worker.http_backend``) calls the executor routes and polls.
 """
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from agentledger.agent_kinds.run_context import MemoryPort
 from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
 from ingest.events import AppendResult, append_events_alone
@@ -55,6 +57,7 @@ class ExecutorBackend(Protocol):
     def create_children(self, run_id: str, children: list[dict[str, str]]) -> list[str]: ...
     def run_states(self, run_ids: list[str]) -> dict[str, RunState]: ...
     def interrupt_held(self, reason: str, held: list[str]) -> list[str]: ...
+    def memory(self, run_id: str) -> MemoryPort | None: ...
 
 
 class DatabaseBackend:
@@ -104,6 +107,9 @@ class DatabaseBackend:
         incarnation of it left)."""
         with self.db.write() as s:
             return interrupt_executor_runs(s, self.instance_id, reason=reason)
+
+    def memory(self, run_id: str) -> MemoryPort | None:
+        return None  # the kinds open their frameworks' storage on the database themselves
 
 
 class PollingNotifier:

@@ -222,7 +222,8 @@ class Executor:
                              context_pack_snapshot=run.context_pack_snapshot,
                              context=run.context, port=self,
                              history_source=functools.partial(self.backend.history, run.run_id),
-                             database_url=self.db.url if self.db is not None else None)
+                             database_url=self.db.url if self.db is not None else None,
+                             memory=self.backend.memory(run.run_id))
             unfinished = ctx.unfinished
             if run.history is not None:  # read with the claim (an executor over the API)
                 ctx.history = list(run.history)

@@ -2,8 +2,10 @@
 
 It needs no database: claims, heartbeats, appends and children go through ``ExecutorClient``;
 the states of held runs and of delegated children are read with ``GET /api/agent-runs/{id}``
-(which an ``executor`` token may read). Error answers come back as the ledger's own exceptions
-(``lease_lost`` → ``LeaseLost``, …), so the executor handles them exactly as in-process.
+(which an ``executor`` token may read); the framework memory of a run's thread (LangGraph
+checkpoints, Agents SDK session) through the server's memory routes (``HttpMemory``). Error
+answers come back as the ledger's own exceptions (``lease_lost`` → ``LeaseLost``, …), so the
+executor handles them exactly as in-process.
 """
 
 from __future__ import annotations
@@ -14,8 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
+from agentledger.agent_kinds import AgentFailed
 from agentledger.client import ApiError, ExecutorClient
-from agentledger.core.errors import LedgerError, NotFound
+from agentledger.core.errors import (
+    FrameworkUnavailable,
+    InvalidRequest,
+    LedgerError,
+    NotFound,
+    PayloadTooLarge,
+    ValidationFailed,
+)
 from agentledger.worker.backends import PollingNotifier, RunState
 from ingest.events import AppendResult
 from ingest.leases import ClaimedRun, Heartbeat
@@ -68,6 +78,32 @@ def claimed_run(item: dict) -> ClaimedRun:
     return ClaimedRun(**values)
 
 
+class HttpMemory:
+    """``RunContext.memory`` of a run executed over HTTP: its thread's framework memory through
+    the server's memory routes (``ExecutorClient.memory``). A refusal of what the agent asked to
+    store or read (a value the server does not rebuild, a body it cannot take, a framework it
+    lacks) fails the run with the server's sentence; a lost lease or an unreachable server is
+    the ledger's own error, which drops the run as for any other write."""
+
+    def __init__(self, client: ExecutorClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+
+    def call(self, operation: str, body: dict) -> dict:
+        try:
+            with _as_ledger_errors():
+                return self.client.memory(self.run_id, operation, body)
+        except FrameworkUnavailable as exc:
+            raise AgentFailed(exc.message, code="agent_unavailable") from None
+        except NotFound as exc:
+            # The run exists (this executor holds it): the server has no such route.
+            raise AgentFailed(f"the ledger server at {self.client.base_url} does not keep "
+                              f"framework memory for executors ({exc.message}); upgrade it",
+                              code="agent_unavailable") from None
+        except (ValidationFailed, InvalidRequest, PayloadTooLarge) as exc:
+            raise AgentFailed(exc.message, code="agent_error") from None
+
+
 class HttpBackend:
     def __init__(self, client: ExecutorClient, *, poll_seconds: float = 0.5):
         self.client = client
@@ -112,6 +148,9 @@ class HttpBackend:
             states[run_id] = RunState(run["status"], run["executor_instance_id"],
                                       run["final_message_id"])
         return states
+
+    def memory(self, run_id: str) -> HttpMemory:
+        return HttpMemory(self.client, run_id)
 
     def interrupt_held(self, reason: str, held: list[str]) -> list[str]:
         """The runs this executor still holds, ended ``interrupted`` through the events route (a

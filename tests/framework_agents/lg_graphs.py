@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -238,3 +239,29 @@ plodding.add_node("answer", answer)
 plodding.add_edge(START, "plod")
 plodding.add_edge("plod", "answer")
 plodding.add_edge("answer", END)
+
+
+# ---- a graph whose state holds a value of the graph's own type -----------------------------
+
+
+@dataclasses.dataclass
+class Note:
+    """LangGraph's serializer keeps it as its module and class name and fields; a ledger server
+    rebuilds it from an executor only when ``AGENTLEDGER_CHECKPOINT_TYPES`` names it."""
+
+    text: str
+
+
+class NotedState(MessagesState):
+    note: Note
+
+
+def take_note(state: NotedState) -> dict[str, Any]:
+    text = state["messages"][-1].text
+    return {"messages": [AIMessage(content=f"Noted: {text}.")], "note": Note(text)}
+
+
+noting = StateGraph(NotedState)
+noting.add_node("note", take_note)
+noting.add_edge(START, "note")
+noting.add_edge("note", END)
