@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 
 selenium = pytest.importorskip("selenium")
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -167,9 +167,17 @@ def finish_page(driver, name: str) -> None:
 
 
 def grid_column(driver, grid_id: str, column: str) -> list[str]:
-    cells = driver.find_elements(By.CSS_SELECTOR, f"#{grid_id} .ag-center-cols-container "
-                                                  f"[col-id='{column}']")
-    return [c.text for c in cells]
+    # The grid may re-render its rows between the look-up and the read (a filter's new rows
+    # arriving): the cells found are then gone, and the column is read again.
+    for _attempt in range(20):
+        cells = driver.find_elements(By.CSS_SELECTOR, f"#{grid_id} .ag-center-cols-container "
+                                                      f"[col-id='{column}']")
+        try:
+            return [c.text for c in cells]
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"the {grid_id} grid kept re-rendering while its {column} column "
+                         "was read")
 
 
 # --- access ----------------------------------------------------------------------------------
@@ -340,8 +348,10 @@ def _open_the_last_events(browser, served, log: str, path: str, total: int) -> N
     """Open ``path``, check its event log opens on seqs 1–200 of ``total``, click "Last »"."""
     open_page(browser, served, path)
     label = f"[id*='event-log-label'][id*='\"{log}\"']"
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, label))
-    assert browser.find_element(By.CSS_SELECTOR, label).text == f"Showing seq 1–200 of {total} events"
+    # The log is drawn inside another callback's output, which may draw it again meanwhile.
+    wait = WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, label).text
+               == f"Showing seq 1–200 of {total} events")
     assert "run.completed" not in body_text(browser)
     last = browser.find_element(By.CSS_SELECTOR, f"[id*='event-log-last'][id*='\"{log}\"']")
     # Bootstrap scrolls smoothly: jump, so the click lands where the button is.
@@ -349,9 +359,8 @@ def _open_the_last_events(browser, served, log: str, path: str, total: int) -> N
                            last)
     last.click()
     start = (total - 1) // 200 * 200
-    WebDriverWait(browser, WAIT).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, label).text
-        == f"Showing seq {start + 1}–{total} of {total} events")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, label).text
+               == f"Showing seq {start + 1}–{total} of {total} events")
     text = wait_for_text(browser, "run.completed")
     assert "run.queued" not in text
     assert not last.is_enabled()
