@@ -10,7 +10,7 @@ import threading
 import pytest
 from framework_agents import lg_graphs
 from support.factories import make_agent, make_session, post
-from support.frameworks import WORKER_PYTHONPATH, answer_of, ask, two_turns_in_a_worker
+from support.frameworks import WORKER_PYTHONPATH, answer_of, answered, ask, two_turns_in_a_worker
 from support.processes import (
     ExecutorPool,
     assert_one_terminal_event,
@@ -62,8 +62,7 @@ def test_memory_across_runs_and_a_fresh_executor(lg_db, executors):
     assert answer_of(lg_db, first) == "Hello, you said: my name is Ada."
     executors.close()  # the checkpoints outlive the executor that wrote them
     executors.start("exec-2")
-    second, end = ask(lg_db, session, "what is my name?")
-    assert end.type == "run.completed", end
+    second = answered(lg_db, session, "what is my name?")
     assert answer_of(lg_db, second) == "You first said: my name is Ada. Now: what is my name?."
     assert run(lg_db, second).thread_id == run(lg_db, first).thread_id
     # The second run started from the checkpoint the first one left.
@@ -77,8 +76,7 @@ def test_streaming_order_tools_usage_and_resolved(lg_db, executors):
     graph_agent(lg_db, pricing=PRICING)
     session = make_session(lg_db, agent_id="weather")
     executors.start()
-    run_id, end = ask(lg_db, session, "weather in Paris")
-    assert end.type == "run.completed", end
+    run_id = answered(lg_db, session, "weather in Paris")
     evs = events(lg_db, run_id)
     kinds = [e.type for e in evs]
     assert kinds[:3] == ["run.queued", "run.started", "agent.resolved"], kinds
@@ -117,8 +115,7 @@ def test_a_subgraph_streams_as_it_runs_each_event_once(lg_db, executors, graph):
     executors.start()
     # The second turn too: the parent's update then carries the first turn's messages again.
     for city in ("Paris", "Rome"):
-        run_id, end = ask(lg_db, session, f"weather in {city}")
-        assert end.type == "run.completed", end
+        run_id = answered(lg_db, session, f"weather in {city}")
         evs = events(lg_db, run_id)
         kinds = [e.type for e in evs]
         assert kinds.count("tool.call") == 1 and kinds.count("tool.result") == 1, kinds
@@ -205,8 +202,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second(lg_db, db_url,
     session = make_session(lg_db, agent_id="plodder")
     executors.start()
     lg_graphs.PLOD.update(steps=0, finished=False, answered=[])
-    first, end = ask(lg_db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    first = answered(lg_db, session, "my name is Ada")
     assert answer_of(lg_db, first) == "Earlier: nothing (0 answered). Now: my name is Ada."
 
     posted = post(lg_db, session, "plod along")
@@ -225,8 +221,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second(lg_db, db_url,
 
     # The next run of the thread need not wait for the abandoned node: it finds the memory the
     # cancelled run left (its question, no answer).
-    second, end = ask(lg_db, session, "what now?")
-    assert end.type == "run.completed", end
+    second = answered(lg_db, session, "what now?")
     assert answer_of(lg_db, second) == ("Earlier: my name is Ada | plod along (1 answered). "
                                         "Now: what now?.")
     # The node finishes in the background; its graph runs no further node and writes nothing,
@@ -237,8 +232,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second(lg_db, db_url,
     assert "plod along" not in lg_graphs.PLOD["answered"]
     assert [e.type for e in events(lg_db, posted.run_id)] == kinds
     assert not saved_anywhere(db_url, run(lg_db, posted.run_id).thread_id, "plodded all the way")
-    third, end = ask(lg_db, session, "and now?")
-    assert end.type == "run.completed", end
+    third = answered(lg_db, session, "and now?")
     assert answer_of(lg_db, third) == ("Earlier: my name is Ada | plod along | what now? "
                                        "(2 answered). Now: and now?.")
 
@@ -268,8 +262,7 @@ def test_a_node_delegates_to_child_runs(lg_db, executors):
     graph_agent(lg_db, "boss", graph="framework_agents.lg_graphs:delegating")
     session = make_session(lg_db, agent_id="boss")
     executors.start(concurrency=1)
-    run_id, end = ask(lg_db, session, "the job")
-    assert end.type == "run.completed", end
+    run_id = answered(lg_db, session, "the job")
     assert answer_of(lg_db, run_id) == "children: succeeded, succeeded"
     tree = runs(lg_db, root_run_id=run_id)
     children = [r for r in tree if r.parent_run_id == run_id]

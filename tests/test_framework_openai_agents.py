@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from framework_agents import sdk_agents
 from support.factories import make_agent, make_session, post
-from support.frameworks import answer_of, ask, two_turns_in_a_worker
+from support.frameworks import answer_of, answered, ask, two_turns_in_a_worker
 from support.processes import (
     ExecutorPool,
     assert_one_terminal_event,
@@ -46,13 +46,11 @@ def test_memory_across_runs_and_a_fresh_executor(sdk_db, executors):
     sdk_agent(sdk_db)
     session = make_session(sdk_db, agent_id="assistant")
     executors.start("exec-1")
-    first, end = ask(sdk_db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    first = answered(sdk_db, session, "my name is Ada")
     assert answer_of(sdk_db, first) == "Hello, you said: my name is Ada."
     executors.close()
     executors.start("exec-2")
-    second, end = ask(sdk_db, session, "what is my name?")
-    assert end.type == "run.completed", end
+    second = answered(sdk_db, session, "what is my name?")
     assert answer_of(sdk_db, second) == "You first said: my name is Ada. Now: what is my name?."
     resolved = [e.data for e in events(sdk_db, second) if e.type == "agent.resolved"][0]
     assert resolved["session_items"] == 2  # the first run's question and answer
@@ -62,8 +60,7 @@ def test_streaming_tools_usage_pricing_and_resolved(sdk_db, executors):
     sdk_agent(sdk_db, pricing=PRICING)
     session = make_session(sdk_db, agent_id="assistant")
     executors.start()
-    run_id, end = ask(sdk_db, session, "weather in Paris")
-    assert end.type == "run.completed", end
+    run_id = answered(sdk_db, session, "weather in Paris")
     evs = events(sdk_db, run_id)
     kinds = [e.type for e in evs]
     assert kinds[:3] == ["run.queued", "run.started", "agent.resolved"], kinds
@@ -93,8 +90,7 @@ def test_handoff_and_null_cost_for_an_unpriced_model(sdk_db, executors):
     sdk_agent(sdk_db, "triage", agent="framework_agents.sdk_agents:triage", pricing=PRICING)
     session = make_session(sdk_db, agent_id="triage")
     executors.start()
-    run_id, end = ask(sdk_db, session, "transfer me please")
-    assert end.type == "run.completed", end
+    run_id = answered(sdk_db, session, "transfer me please")
     evs = events(sdk_db, run_id)
     handoffs = [e.data for e in evs if e.type == "agent.handoff"]
     assert handoffs == [{"from_agent": "Triage", "to_agent": "Specialist"}]
@@ -141,8 +137,7 @@ def test_cancel_while_a_tool_runs_plain_code_ends_within_a_second(sdk_db, execut
     session = make_session(sdk_db, agent_id="plodder")
     executors.start(concurrency=1)
     sdk_agents.PLOD.update(steps=0, finished_at=None)
-    first, end = ask(sdk_db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    answered(sdk_db, session, "my name is Ada")
 
     posted = post(sdk_db, session, "plod along")
     wait_until(lambda: sdk_agents.PLOD["steps"] > 0, timeout=30)
@@ -161,16 +156,14 @@ def test_cancel_while_a_tool_runs_plain_code_ends_within_a_second(sdk_db, execut
 
     # The tool still runs: the executor's one slot stays taken until it returns, so the next
     # run of the thread starts after that, and finds the session as the cancel left it.
-    second, end = ask(sdk_db, session, "what now?")
-    assert end.type == "run.completed", end
+    second = answered(sdk_db, session, "what now?")
     started = next(e for e in events(sdk_db, second) if e.type == "run.started")
     assert sdk_agents.PLOD["finished_at"] is not None
     assert started.created_at >= sdk_agents.PLOD["finished_at"]
     assert answer_of(sdk_db, second) == "You first said: my name is Ada. Now: what now?."
     assert [e.type for e in events(sdk_db, posted.run_id)] == kinds
     resolved = next(e.data for e in events(sdk_db, second) if e.type == "agent.resolved")
-    third, end = ask(sdk_db, session, "and now?")
-    assert end.type == "run.completed", end
+    third = answered(sdk_db, session, "and now?")
     # Only the second run's question and answer were added to the session since it started.
     later = next(e.data for e in events(sdk_db, third) if e.type == "agent.resolved")
     assert later["session_items"] == resolved["session_items"] + 2
@@ -193,8 +186,7 @@ def test_a_tool_delegates_to_child_runs(sdk_db, executors):
     sdk_agent(sdk_db)
     session = make_session(sdk_db, agent_id="assistant")
     executors.start(concurrency=1)
-    run_id, end = ask(sdk_db, session, "delegate the job")
-    assert end.type == "run.completed", end
+    run_id = answered(sdk_db, session, "delegate the job")
     assert answer_of(sdk_db, run_id) == "The result: succeeded, succeeded."
     children = [r for r in runs(sdk_db, root_run_id=run_id) if r.parent_run_id == run_id]
     assert len(children) == 2 and {r.status for r in children} == {"succeeded"}

@@ -24,7 +24,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from support.api import FlaskApi, assert_error, claim_run, complete_run, open_session, unique
 from support.factories import make_agent, make_session, post
-from support.frameworks import WORKER_PYTHONPATH, answer_of, ask
+from support.frameworks import WORKER_PYTHONPATH, answer_of, answered, ask
 from support.processes import (
     Api,
     ExecutorPool,
@@ -137,16 +137,13 @@ def test_langgraph_memory_persists_across_runs_of_an_api_worker(ledger, api_work
     graph_agent(db, "weather", "graph")
     session = make_session(db, agent_id="weather")
     api_workers.start()
-    first, end = ask(db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    first = answered(db, session, "my name is Ada")
     assert answer_of(db, first) == "Hello, you said: my name is Ada."
-    second, end = ask(db, session, "what is my name?")
-    assert end.type == "run.completed", end
+    second = answered(db, session, "what is my name?")
     assert answer_of(db, second) == "You first said: my name is Ada. Now: what is my name?."
     assert resolved(db, first)["checkpoint_id"] is None
     assert resolved(db, second)["checkpoint_id"]  # it went on from the first run's checkpoint
-    third, end = ask(db, session, "weather in Paris")
-    assert end.type == "run.completed", end
+    third = answered(db, session, "weather in Paris")
     kinds = [e.type for e in events(db, third)]
     assert kinds.index("tool.call") < kinds.index("tool.result") < kinds.index("message.delta")
     assert kinds.count("usage") == 2
@@ -172,8 +169,7 @@ def test_a_nested_subgraph_keeps_its_checkpoints_through_an_api_worker(ledger, a
     session = make_session(db, agent_id="team")
     api_workers.start()
     for city in ("Paris", "Rome"):
-        run_id, end = ask(db, session, f"weather in {city}")
-        assert end.type == "run.completed", end
+        run_id = answered(db, session, f"weather in {city}")
         assert answer_of(db, run_id) == f"The weather: sunny in {city}."
         kinds = [e.type for e in events(db, run_id)]
         assert kinds.count("tool.call") == 1 and kinds.count("usage") == 2, kinds
@@ -190,16 +186,13 @@ def test_openai_agents_session_persists_across_runs_of_an_api_worker(ledger, api
     sdk_agent(db, "assistant", "assistant")
     session = make_session(db, agent_id="assistant")
     api_workers.start()
-    first, end = ask(db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    first = answered(db, session, "my name is Ada")
     assert answer_of(db, first) == "Hello, you said: my name is Ada."
-    second, end = ask(db, session, "what is my name?")
-    assert end.type == "run.completed", end
+    second = answered(db, session, "what is my name?")
     assert answer_of(db, second) == "You first said: my name is Ada. Now: what is my name?."
     assert resolved(db, first)["session_items"] == 0
     assert resolved(db, second)["session_items"] == 2
-    third, end = ask(db, session, "weather in Paris")
-    assert end.type == "run.completed", end
+    third = answered(db, session, "weather in Paris")
     assert answer_of(db, third) == "The result: sunny in Paris."
     assert [e.data["name"] for e in events(db, third) if e.type == "tool.call"] == ["get_weather"]
 
@@ -221,17 +214,14 @@ def test_a_langgraph_thread_goes_on_between_api_and_database_workers(ledger, api
     graph_agent(db, "plodder", "plodding")  # its answers name every earlier question
     session = make_session(db, agent_id="plodder")
     api_workers.start()
-    first, end = ask(db, session, "one")
-    assert end.type == "run.completed", end
+    first = answered(db, session, "one")
     api_workers.stop()
     executors.start("db-worker")
-    second, end = ask(db, session, "two")
-    assert end.type == "run.completed", end
+    second = answered(db, session, "two")
     assert answer_of(db, second) == "Earlier: one (1 answered). Now: two."
     executors.close()
     api_workers.start("api-worker-2")
-    third, end = ask(db, session, "three")
-    assert end.type == "run.completed", end
+    third = answered(db, session, "three")
     assert answer_of(db, third) == "Earlier: one | two (2 answered). Now: three."
     assert [run(db, r).executor_instance_id for r in (first, second, third)] == [
         "api-worker-1", "db-worker", "api-worker-2"]
@@ -245,17 +235,14 @@ def test_an_sdk_session_goes_on_between_api_and_database_workers(ledger, api_wor
     sdk_agent(db, "assistant", "assistant")
     session = make_session(db, agent_id="assistant")
     executors.start("db-worker")
-    first, end = ask(db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    first = answered(db, session, "my name is Ada")
     executors.close()
     api_workers.start()
-    second, end = ask(db, session, "and again")
-    assert end.type == "run.completed", end
+    second = answered(db, session, "and again")
     assert answer_of(db, second) == "You first said: my name is Ada. Now: and again."
     api_workers.stop()
     executors.start("db-worker-2")
-    third, end = ask(db, session, "once more")
-    assert end.type == "run.completed", end
+    third = answered(db, session, "once more")
     assert answer_of(db, third) == "You first said: my name is Ada. Now: once more."
     assert [resolved(db, r)["session_items"] for r in (first, second, third)] == [0, 2, 4]
     assert run(db, second).executor_instance_id == "api-worker-1"
@@ -266,7 +253,7 @@ def test_interrupt_then_resume_on_an_api_worker(ledger, api_workers):
     graph_agent(db, "planner", "asking")
     session = make_session(db, agent_id="planner")
     api_workers.start()
-    first, end = ask(db, session, "plan a trip")
+    _first, end = ask(db, session, "plan a trip")
     assert end.type == "run.completed", end
     assert end.data["awaiting_input"] is True
     assert end.data["interrupt"] == "Which city, for 'plan a trip'?"
@@ -288,8 +275,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second_on_an_api_work
     session = make_session(db, agent_id="plodder")
     api_workers.start()
     lg_graphs.PLOD.update(steps=0, finished=False, answered=[])
-    first, end = ask(db, session, "my name is Ada")
-    assert end.type == "run.completed", end
+    answered(db, session, "my name is Ada")
 
     posted = post(db, session, "plod along")
     wait_until(lambda: lg_graphs.PLOD["steps"] > 0, timeout=30)
@@ -305,8 +291,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second_on_an_api_work
     cancelling = next(e for e in evs if e.type == "run.cancelling")
     assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
 
-    second, end = ask(db, session, "what now?")
-    assert end.type == "run.completed", end
+    second = answered(db, session, "what now?")
     assert answer_of(db, second) == ("Earlier: my name is Ada | plod along (1 answered). "
                                      "Now: what now?.")
     # The abandoned node finishes; through the fence (and the server's lease check) it writes
@@ -336,8 +321,7 @@ def test_cancel_of_a_streaming_sdk_agent_ends_within_a_second_on_an_api_worker(
     cancelling = next(e for e in evs if e.type == "run.cancelling")
     assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
     assert sdk_agents.SLOW_DELTAS["count"] < 200
-    second, end = ask(db, session, "and now")
-    assert end.type == "run.completed", end
+    answered(db, session, "and now")
 
 
 def test_a_state_value_the_server_does_not_rebuild_fails_the_run_with_agent_error(
@@ -356,8 +340,7 @@ def test_a_state_value_the_server_does_not_rebuild_fails_the_run_with_agent_erro
     api_workers.stop()
     executors.start("db-worker")
     other = make_session(db, agent_id="noter")
-    run_id, end = ask(db, other, "remember that")
-    assert end.type == "run.completed", end
+    run_id = answered(db, other, "remember that")
     assert answer_of(db, run_id) == "Noted: remember that."
 
 

@@ -28,6 +28,13 @@ def ask(db, session_id: str, text: str, *, timeout: float = 30.0):
     return posted.run_id, assert_one_terminal_event(db, posted.run_id)
 
 
+def answered(db, session_id: str, text: str, *, timeout: float = 30.0) -> str:
+    """``ask``, checked: the run ended ``run.completed``; its id."""
+    run_id, end = ask(db, session_id, text, timeout=timeout)
+    assert end.type == "run.completed", end
+    return run_id
+
+
 def answer_of(db, run_id: str) -> str:
     return message_content(db, run(db, run_id).final_message_id)
 
