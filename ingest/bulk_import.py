@@ -124,6 +124,9 @@ class ImportedRun:
     idempotency_key: str | None = None
     lease_expires_at: datetime | None = None  # default: from the last run.started event
     last_heartbeat_at: datetime | None = None  # default: when it started
+    # Replacements AGENTLEDGER_REDACT made before this run reached the importer (the OTLP
+    # receiver redacts spans as it stores them), added to its redaction_count.
+    prior_redactions: int = 0
 
 
 class HistoryShare(Protocol):
@@ -407,7 +410,8 @@ class BulkImporter:
             "final_message_id": final_message_id,
             "error": None if changes.get("error") is None else canonical_json(changes["error"]),
             "created_at": created, "started_at": started_at, "finished_at": finished_at,
-            "end_reason": changes.get("end_reason"), "redaction_count": redactions + redactor.count,
+            "end_reason": changes.get("end_reason"),
+            "redaction_count": redactions + run.prior_redactions + redactor.count,
             "usage_input_tokens": tokens_in, "usage_output_tokens": tokens_out,
             "usage_cost_usd": cost,
         })

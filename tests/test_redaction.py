@@ -361,6 +361,16 @@ def test_otlp_spans_are_redacted_before_they_are_stored_and_conversations_stay_a
                 ).scalar_one()
                 by_trace[trace] = sessions[run_id]
         assert by_trace[1] == by_trace[3] != by_trace[2]
+        # Each run counts the replacements in the spans it was built from, each span's service
+        # name ("svc-zz9") one of them: trace 1's agent span (service, conversation id, 2 in its
+        # input, its output, 2 nested, its name) and tool span (service, arguments, status
+        # message); trace 2's two spans across two exports; trace 4's service name only.
+        with redacting.read() as s:
+            counts = {trace: s.execute(select(AgentRun.redaction_count).join(
+                OtlpSpan, OtlpSpan.run_id == AgentRun.id).where(
+                    OtlpSpan.trace_id == f"{trace:032x}", OtlpSpan.parent_span_id.is_(None))
+            ).scalar_one() for trace in (1, 2, 3, 4)}
+        assert counts == {1: 11, 2: 4, 3: 2, 4: 1}
         assert keys[by_trace[1]] == "sha256:" + hashlib.sha256(erin.encode()).hexdigest()
         assert keys[by_trace[2]] == "sha256:" + hashlib.sha256(judy.encode()).hexdigest()
         # The email detector takes "conv-erin@…" whole: both ids redact to the same text.

@@ -480,6 +480,10 @@ class OtlpSpan(Base):
     attributes: Mapped[Any] = mapped_column(JSONDoc, nullable=False)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     run_id: Mapped[str | None] = mapped_column(String(40))
+    # Values AGENTLEDGER_REDACT replaced in this span as it was stored: a run built from spans
+    # counts its spans' in agent_run.redaction_count (the text it is built from has none left).
+    redaction_count: Mapped[int] = mapped_column(Integer, nullable=False,
+                                                 server_default=text("0"))
 
 
 class OtlpConversation(Base):

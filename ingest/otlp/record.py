@@ -106,6 +106,7 @@ def span_rows(owner_id: str, spans: list[ReceivedSpan],
     rows, refusals = [], []
     redactor = redactor.for_run()  # its own count: the database's redactor is shared
     for span in spans:
+        replaced_before = redactor.count
         attrs = span.attributes
         if mapping.CONVERSATION_KEY in attrs:  # the receiver's own key: never taken as sent
             attrs = {k: v for k, v in attrs.items() if k != mapping.CONVERSATION_KEY}
@@ -127,7 +128,7 @@ def span_rows(owner_id: str, spans: list[ReceivedSpan],
                      "service_name": service, "name": name, "start_at": span.start_at,
                      "end_at": span.end_at, "status_code": span.status_code,
                      "status_message": status_message, "attributes": attrs, "received_at": None,
-                     "run_id": None})
+                     "run_id": None, "redaction_count": redactor.count - replaced_before})
     return rows, refusals
 
 
@@ -544,7 +545,9 @@ def _imported(node: _Node, agents, owner_id: str, session_id: str | None,
         events[0].data["lease_expires_at"] = events[-1].at.isoformat()  # with the run's end
     run = ImportedRun(agent_id=agent_id, agent_version=version, input=user, created_at=created,
                       events=events, owner_id=owner_id if announced is None else None,
-                      session=session_id, id=node.run_id)
+                      session=session_id, id=node.run_id,
+                      prior_redactions=node.row.redaction_count
+                      + sum(span.redaction_count for span in node.content))
     announce = {e.data["child_run_id"]: e.at for e in events if e.type == "run.child_created"}
     run.children = [_imported(c, agents, owner_id, None, announce[c.run_id])
                     for c in node.children]
@@ -683,6 +686,7 @@ class _Span:
     attributes: dict
     received_at: datetime
     run_id: str | None
+    redaction_count: int
 
 
 # Who is in a trace and who recorded what: all that _mark_late needs, and the first look of
