@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from flask import Flask
 
+from agentledger.agent_kinds.served_memory import ServedMemory
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
@@ -42,7 +43,8 @@ def create_app(
     notifier = EventNotifier(db.url, is_postgres=db.is_postgres,
                              poll_seconds=settings.sse_poll_seconds)
     notifier.hear_commits_of(db)
-    app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier)
+    app.extensions["agentledger"] = AppState(settings=settings, db=db, notifier=notifier,
+                                             memory=ServedMemory(db.url))
 
     from agentledger.api import blueprint
     from agentledger.web.error_envelope import register_error_handlers

@@ -119,4 +119,4 @@ def test_the_audit_page_lists_the_actions(db):
         rows = out["audit-grid"]["rowData"]
         assert [(r["action"], r["target"]) for r in rows] == [("agent.registered", "agent paged")]
     finally:
-        app.extensions["agentledger"].notifier.stop()
+        app.extensions["agentledger"].close()

@@ -396,7 +396,7 @@ def admin_client(db):
     client = app.test_client()
     client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
     yield client
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
 
 
 BAD_DEFINITIONS = {

@@ -69,7 +69,7 @@ def site(db, ledger):
     keys = tokens(db)
     yield {"app": app, "http": FlaskHttp(app.test_client()), "tokens": keys,
            "page": logged_in(app, keys["viewer"])}
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
 
 
 def get(site, path, role="viewer", **query):

@@ -106,7 +106,7 @@ def world(module_db_url):
     }
     assert all(objects["message_id"].values())
     yield {"db": db, "app": app, "http": http, "tokens": tokens, "objects": objects}
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
     db.dispose()
 
 

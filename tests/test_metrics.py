@@ -99,7 +99,7 @@ def app(db):
 
     yield make
     for found in created:
-        found.extensions["agentledger"].notifier.stop()
+        found.extensions["agentledger"].close()
 
 
 def test_the_ledger_figures_at_scrape_time(db, ledger, app):

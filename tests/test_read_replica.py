@@ -52,7 +52,7 @@ def replicated(sqlite_template, tmp_path):
     _snapshot(str(primary), str(replica))
     app = create_app(settings, database=db, dashboards=False)
     yield app.test_client(), db, {"Authorization": f"Bearer {admin}"}, chat, old_run
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
     db.dispose()
 
 

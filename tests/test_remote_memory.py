@@ -17,6 +17,7 @@ import threading
 import time
 
 import httpx
+import psycopg
 import pytest
 from framework_agents import lg_graphs, sdk_agents
 from langchain_core.messages import AIMessage, HumanMessage
@@ -41,6 +42,8 @@ from support.processes import (
 from agentledger.agent_kinds.memory_wire import encode_typed
 from agentledger.agent_kinds.remote_checkpointer import RemoteCheckpointSaver
 from agentledger.agent_kinds.storage import (
+    CHECKPOINT_POOL_NAME,
+    SDK_POOL_NAME,
     langgraph_checkpointer,
     sdk_session,
     setup_framework_storage,
@@ -349,6 +352,10 @@ def test_a_state_value_the_server_does_not_rebuild_fails_the_run_with_agent_erro
 
 @pytest.fixture
 def held(ledger):
+    return hold_a_run(ledger)
+
+
+def hold_a_run(ledger) -> dict:
     """A run claimed through the claim route by instance ``held-1`` (its lease live)."""
     chat = open_session(ledger.http, ledger.alice)["id"]
     posted = ledger.post(f"/api/sessions/{chat}/messages", token=ledger.alice,
@@ -609,6 +616,56 @@ def test_session_routes_use_the_sdk_session_of_the_runs_thread(ledger, held, db_
     assert call(ledger, run_id, "session/clear").json() == {"cleared": True}
     assert call(ledger, run_id, "session/pop-item").json() == {"item": None}
     assert asyncio.run(on_the_database()) == []
+
+
+@pytest.fixture
+def pg_ledger(pg_db, pg_url):
+    setup_framework_storage(pg_url)
+    app = FlaskApi(pg_db, pg_url, run_rate_limit=0)
+    yield app
+    app.close()
+
+
+def test_memory_connections_are_kept_and_one_the_database_closed_is_replaced(pg_ledger, pg_url):
+    """The server keeps its memory connections from one request to the next (opening one per
+    request cost more than the request), replaces one the database closed meanwhile without
+    failing a request, and closes them with the app."""
+    run_id = hold_a_run(pg_ledger)["run_id"]
+
+    def backends() -> dict[str, set[int]]:
+        found = {CHECKPOINT_POOL_NAME: set(), SDK_POOL_NAME: set()}
+        with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+            for name, pid in conn.execute(
+                    "SELECT application_name, pid FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = ANY(%s)",
+                    [list(found)]):
+                found[name].add(pid)
+        return found
+
+    def ask_both() -> None:
+        assert call(pg_ledger, run_id, "checkpoints/get").status == 200
+        assert call(pg_ledger, run_id, "session/get-items").status == 200
+
+    ask_both()
+    ask_both()
+    first = backends()  # the checkpoint pool may open a second connection while it starts
+    assert all(1 <= len(pids) <= 2 for pids in first.values()), first
+    for _ in range(10):
+        ask_both()
+    assert backends() == first  # one request at a time: no new connection
+
+    with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        for pids in first.values():
+            for pid in pids:
+                conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+    wait_until(lambda: not any(backends().values()), timeout=5)
+    ask_both()
+    again = backends()
+    assert all(pids for pids in again.values()), again
+    assert not any(again[name] & first[name] for name in first)
+
+    pg_ledger.app.extensions["agentledger"].close()
+    wait_until(lambda: not any(backends().values()), timeout=5)
 
 
 def test_memory_responses_match_the_documented_schemas(ledger, held):

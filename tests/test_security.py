@@ -15,7 +15,7 @@ CALLBACK = {"output": "run-node.children", "outputs": {"id": "run-node", "proper
 def app(db):
     app = make_app(db)
     yield app
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ from agentledger.core.database import backend_name, normalize_url, one_off_conne
 
 SDK_SESSIONS_TABLE = "agent_sessions"
 SDK_MESSAGES_TABLE = "agent_messages"
+# The PostgreSQL application_name of the ledger server's pooled memory connections.
+CHECKPOINT_POOL_NAME = "agentledger-checkpoints"
+SDK_POOL_NAME = "agentledger-sdk-sessions"
 
 
 def _installed(module: str) -> bool:
@@ -86,6 +89,27 @@ def langgraph_checkpointer(url: str, *, serde: Any = None) -> Iterator:
             yield saver
 
 
+def postgres_checkpoint_pool(url: str, *, max_size: int):
+    """A pool of connections for LangGraph's PostgreSQL saver on the ledger database at ``url``,
+    set up as the saver's ``from_conn_string`` sets up its one connection; each connection is
+    checked as it is taken, so one the database closed meanwhile is replaced, not used."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    return ConnectionPool(_libpq(normalize_url(url)), min_size=1, max_size=max_size, open=True,
+                          check=ConnectionPool.check_connection, name="agentledger-checkpoints",
+                          kwargs={"autocommit": True, "prepare_threshold": 0,
+                                  "row_factory": dict_row,
+                                  "application_name": CHECKPOINT_POOL_NAME})
+
+
+def postgres_checkpointer(pool: Any, *, serde: Any = None) -> Any:
+    """LangGraph's PostgreSQL saver on connections of ``pool`` (``postgres_checkpoint_pool``)."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    return PostgresSaver(pool, serde=serde)
+
+
 def sdk_async_url(url: str) -> str:
     """The ledger URL for SQLAlchemy's asyncio engine (aiosqlite, psycopg's async mode)."""
     url = normalize_url(url)
@@ -95,14 +119,21 @@ def sdk_async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-def sdk_session(session_id: str, url: str, *, create_tables: bool = False):
-    """The Agents SDK's SQLAlchemy session on the ledger database (call inside an event loop)."""
-    from agents.extensions.memory import SQLAlchemySession
+def sdk_engine(url: str, **options: Any):
+    """An asyncio engine for the Agents SDK's sessions on the ledger database at ``url``."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    engine = create_async_engine(sdk_async_url(url))
-    return SQLAlchemySession(session_id, engine=engine, create_tables=create_tables,
-                             sessions_table=SDK_SESSIONS_TABLE, messages_table=SDK_MESSAGES_TABLE)
+    return create_async_engine(sdk_async_url(url), **options)
+
+
+def sdk_session(session_id: str, url: str, *, create_tables: bool = False, engine: Any = None):
+    """The Agents SDK's SQLAlchemy session on the ledger database (call inside an event loop),
+    on an engine of its own unless ``engine`` (from ``sdk_engine``) is given."""
+    from agents.extensions.memory import SQLAlchemySession
+
+    return SQLAlchemySession(session_id, engine=engine or sdk_engine(url),
+                             create_tables=create_tables, sessions_table=SDK_SESSIONS_TABLE,
+                             messages_table=SDK_MESSAGES_TABLE)
 
 
 async def _setup_sdk_tables(url: str) -> None:

@@ -13,6 +13,8 @@ with nothing written.
 
 from __future__ import annotations
 
+from typing import cast
+
 from flask import jsonify
 
 from agentledger.agent_kinds import served_memory
@@ -56,9 +58,12 @@ def _thread(run_id: str, body: MemoryCall) -> str:
         return leased_thread(s, run_id, body.executor_instance_id)
 
 
-def _where() -> tuple[str, tuple[tuple[str, str], ...]]:
-    settings = state().settings
-    return state().db.url, settings.checkpoint_type_allowlist()
+def _memory() -> served_memory.ServedMemory:
+    return cast(served_memory.ServedMemory, state().memory)
+
+
+def _where() -> tuple[served_memory.ServedMemory, tuple[tuple[str, str], ...]]:
+    return _memory(), state().settings.checkpoint_type_allowlist()
 
 
 # ---- LangGraph checkpoints -----------------------------------------------------------------
@@ -68,8 +73,8 @@ def _where() -> tuple[str, tuple[tuple[str, str], ...]]:
               CheckpointGetBody, CheckpointOut)
 def memory_checkpoint_get(run_id: str, body: CheckpointGetBody, raw_body):
     thread = _thread(run_id, body)
-    url, allowed = _where()
-    found = served_memory.get_checkpoint(url, thread, allowed=allowed,
+    memory, allowed = _where()
+    found = served_memory.get_checkpoint(memory, thread, allowed=allowed,
                                          checkpoint_ns=body.checkpoint_ns,
                                          checkpoint_id=body.checkpoint_id)
     return jsonify({"checkpoint": found})
@@ -79,9 +84,9 @@ def memory_checkpoint_get(run_id: str, body: CheckpointGetBody, raw_body):
               CheckpointListBody, CheckpointListOut)
 def memory_checkpoint_list(run_id: str, body: CheckpointListBody, raw_body):
     thread = _thread(run_id, body)
-    url, allowed = _where()
+    memory, allowed = _where()
     found = served_memory.list_checkpoints(
-        url, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
+        memory, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
         checkpoint_id=body.checkpoint_id, before=body.before, filter=body.filter,
         limit=body.limit)
     return jsonify({"checkpoints": found})
@@ -91,9 +96,9 @@ def memory_checkpoint_list(run_id: str, body: CheckpointListBody, raw_body):
               CheckpointPutBody, CheckpointPutOut)
 def memory_checkpoint_put(run_id: str, body: CheckpointPutBody, raw_body):
     thread = _thread(run_id, body)
-    url, allowed = _where()
+    memory, allowed = _where()
     config = served_memory.put_checkpoint(
-        url, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
+        memory, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
         parent_checkpoint_id=body.parent_checkpoint_id,
         checkpoint=body.checkpoint.model_dump(), metadata=body.metadata,
         new_versions=body.new_versions)
@@ -104,9 +109,9 @@ def memory_checkpoint_put(run_id: str, body: CheckpointPutBody, raw_body):
               CheckpointWritesBody, WritesOut)
 def memory_checkpoint_put_writes(run_id: str, body: CheckpointWritesBody, raw_body):
     thread = _thread(run_id, body)
-    url, allowed = _where()
+    memory, allowed = _where()
     written = served_memory.put_writes(
-        url, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
+        memory, thread, allowed=allowed, checkpoint_ns=body.checkpoint_ns,
         checkpoint_id=body.checkpoint_id, task_id=body.task_id, task_path=body.task_path,
         writes=[(w.channel, w.value.model_dump()) for w in body.writes])
     return jsonify({"written": written})
@@ -119,26 +124,26 @@ def memory_checkpoint_put_writes(run_id: str, body: CheckpointWritesBody, raw_bo
               SessionItemsBody, SessionItemsOut)
 def memory_session_get_items(run_id: str, body: SessionItemsBody, raw_body):
     thread = _thread(run_id, body)
-    return jsonify({"items": served_memory.session_items(state().db.url, thread, body.limit)})
+    return jsonify({"items": served_memory.session_items(_memory(), thread, body.limit)})
 
 
 @memory_route("session/add-items", "Agents SDK session add_items on the run's thread",
               SessionAddBody, SessionAddedOut)
 def memory_session_add_items(run_id: str, body: SessionAddBody, raw_body):
     thread = _thread(run_id, body)
-    return jsonify({"added": served_memory.add_session_items(state().db.url, thread, body.items)})
+    return jsonify({"added": served_memory.add_session_items(_memory(), thread, body.items)})
 
 
 @memory_route("session/pop-item", "Agents SDK session pop_item on the run's thread",
               MemoryCall, SessionItemOut)
 def memory_session_pop_item(run_id: str, body: MemoryCall, raw_body):
     thread = _thread(run_id, body)
-    return jsonify({"item": served_memory.pop_session_item(state().db.url, thread)})
+    return jsonify({"item": served_memory.pop_session_item(_memory(), thread)})
 
 
 @memory_route("session/clear", "Agents SDK session clear_session on the run's thread",
               MemoryCall, SessionClearedOut)
 def memory_session_clear(run_id: str, body: MemoryCall, raw_body):
     thread = _thread(run_id, body)
-    served_memory.clear_session(state().db.url, thread)
+    served_memory.clear_session(_memory(), thread)
     return jsonify({"cleared": True})

@@ -608,4 +608,4 @@ class FlaskApi:
         return self.http.request("POST", path, token=token, **kw)
 
     def close(self) -> None:
-        self.app.extensions["agentledger"].notifier.stop()
+        self.app.extensions["agentledger"].close()
