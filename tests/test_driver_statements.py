@@ -166,10 +166,16 @@ def test_a_connection_killed_under_the_read_fails_as_dbapi_error_and_is_replaced
     libpq = pg_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(libpq, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    # On the driver path the dead connection fails as SQLAlchemy's error, marked invalidated
+    # (``Database.read_row`` then reads again, on a new connection).
+    statement, params = principal_lookup(token_hash="0" * 64)
+    engine = pg_db.primary_read_engine
+    driver_read = DriverRead.of(statement, engine)
+    assert driver_read is not None
     with pytest.raises(DBAPIError) as failed:
-        pg_db.read_row(*principal_lookup(token_hash="0" * 64))
+        driver_read.one_or_none(engine, params)
     assert failed.value.connection_invalidated
-    assert pg_db.read_row(*principal_lookup(token_hash="0" * 64)) is None
+    assert pg_db.read_row(statement, params) is None
     assert _backend_pid(pg_db) != pid
 
 

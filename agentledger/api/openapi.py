@@ -24,7 +24,8 @@ ERROR_TEXT = {
     414: "Request URL too long (invalid_request)",
     429: "Too many requests (rate_limited)",
     431: "Request headers too large (invalid_request)",
-    503: "The read replica was lost during the read; retry (replica_unavailable, Retry-After)",
+    503: "The database could not be used (database_unavailable), or the read replica was lost "
+         "during the read (replica_unavailable); retry after Retry-After",
 }
 
 
@@ -100,9 +101,12 @@ def build_openapi(operations: list[Operation]) -> dict[str, Any]:
             {400} if op.query else set())
         codes |= {414, 431}  # any request: over-long URL or headers (agentledger.web.request_limits)
         if op.roles is not None:
-            # Authenticated requests read (the token at least), and a read replica lost in the
-            # middle of one answers 503 (agentledger.core.database.ReplicaGate).
-            codes |= {401, 403, 503}
+            codes |= {401, 403}
+        if op.roles is not None or op.path == "/api/health":
+            # These read the database (an authenticated request its token at least): 503 when
+            # it cannot be used (agentledger.web.error_envelope), or when the read replica is
+            # lost in the middle of a read (agentledger.core.database.ReplicaGate).
+            codes.add(503)
         for status in sorted(codes):
             item["responses"][str(status)] = {"description": ERROR_TEXT[status], "content": error_ref}
         paths.setdefault(op.openapi_path, {})[op.method.lower()] = item

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -364,6 +365,35 @@ def _first_line(exc: BaseException) -> str:
     return message.splitlines()[0] if message else type(exc).__name__
 
 
+# PostgreSQL errors that end or refuse the session rather than fail the statement: the server
+# terminated the backend or shut down (57P01 admin_shutdown, 57P02 crash_shutdown), is starting
+# or stopping (57P03 cannot_connect_now), or has no connection slot left (53300); class 08 is
+# the connection exceptions.
+_SESSION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def connection_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database failing the request as a whole rather than its
+    statement: the connection was closed by the server or the network, the server cannot be
+    reached or refuses connections, or (SQLite) the file stayed locked past the busy timeout.
+    Worth trying again a moment later; a statement's own error (a constraint, a statement
+    timeout, bad SQL) is not."""
+    cause: BaseException | None = exc
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        cause = exc.orig
+    if isinstance(cause, psycopg.OperationalError):
+        state = cause.sqlstate
+        if state is None:  # libpq's own: refused, timed out, closed, lost
+            return not isinstance(cause, psycopg.errors.PipelineAborted)
+        return state.startswith("08") or state in _SESSION_LOST_SQLSTATES
+    if isinstance(cause, sqlite3.OperationalError):
+        code = getattr(cause, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+    return False
+
+
 # What a replica that cannot be reached (stopped, refusing, timing out, pool exhausted) raises.
 _REPLICA_FAILURES = (DBAPIError, PoolTimeout, OSError)
 
@@ -431,8 +461,13 @@ class Database:
         with turn, Session(self.engine, expire_on_commit=False, autoflush=False) as session:
             if self.redactor.active:
                 session.info[REDACTOR_KEY] = self.redactor
-            with session.begin():
-                yield session
+            try:
+                with session.begin():
+                    yield session
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    self._renew_pools()
+                raise  # never retried: the commit may have happened
             pending = session.info.pop(PENDING_NOTIFICATIONS, ())
         self._committed(pending)
 
@@ -453,8 +488,24 @@ class Database:
             alone = AutocommitWrites(connection, self.engine.dialect)
             try:
                 yield alone
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    self._renew_pools()
+                raise
             finally:
                 self._committed(alone.notifications)
+
+    def _renew_pools(self) -> None:
+        """A connection to the primary was found closed (by the server or the network). The
+        process's other connections to it most likely were too (a restart, a fail-over, an
+        operator terminating the database's sessions): both primary pools replace every
+        connection opened until now at its next checkout, instead of each dead one failing a
+        request of its own. SQLAlchemy renews the pool of a failure it executed itself, but not
+        for a statement run on the driver (``core.driver_statements``), nor the other pool."""
+        for engine in (self.engine, self.primary_read_engine):
+            # A new pool; the old one's idle connections are closed now, and the ones in use
+            # when they are given back.
+            engine.dispose()
 
     def _committed(self, notifications) -> None:
         """What follows a commit: the request reads its own write, listeners hear it."""
@@ -562,25 +613,34 @@ class Database:
         transaction gave them nothing but a BEGIN and a COMMIT round trip (two of a point
         read's four, the caller's look-up included). ``transaction`` asks for one, for reads
         that need it: a server-side cursor (``yield_per``) lives only inside a transaction.
+
+        Unlike ``read_row``, a read that meets a connection the server closed is not tried
+        again: its statements are the caller's block, which only the caller can run again. The
+        pools are renewed (``_renew_pools``), so the next read gets a live connection.
         """
-        connection = None
-        if not primary and self.read_url is not None:
-            connection = self._replica_connection(self.read_engine)
-        if connection is None:
-            if self.is_postgres and not transaction:
-                with Session(self._autocommit_primary_engine, autoflush=False) as session:
-                    yield session
+        try:
+            connection = None
+            if not primary and self.read_url is not None:
+                connection = self._replica_connection(self.read_engine)
+            if connection is None:
+                if self.is_postgres and not transaction:
+                    with Session(self._autocommit_primary_engine, autoflush=False) as session:
+                        yield session
+                    return
+                with Session(self.primary_read_engine, autoflush=False) as session:
+                    with session.begin():
+                        yield session
                 return
-            with Session(self.primary_read_engine, autoflush=False) as session:
-                with session.begin():
-                    yield session
-            return
-        with self._on_replica(connection):
-            with Session(bind=connection, autoflush=False) as session:
-                with session.begin():
-                    yield session
-                # A transaction the gate's check began on the connection ends here.
-                connection.commit()
+            with self._on_replica(connection):
+                with Session(bind=connection, autoflush=False) as session:
+                    with session.begin():
+                        yield session
+                    # A transaction the gate's check began on the connection ends here.
+                    connection.commit()
+        except DBAPIError as exc:
+            if exc.connection_invalidated:  # the primary's (the replica's became a 503 above)
+                self._renew_pools()
+            raise
 
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
@@ -589,6 +649,10 @@ class Database:
         makes (who is calling). On the primary a statement the driver can run
         (``core.driver_statements``) runs on the pooled connection's driver: half the CPU.
         On SQLite it runs without a transaction too (``_single_statement_reads``).
+
+        A statement that fails because the primary had closed its connection (a restart, a
+        terminated session) runs once more on a live one (the pools renewed first), so the
+        first request after such a moment does not fail for it.
         """
         return self._read_statement(stmt, params, one=True, fresh=False)
 
@@ -601,28 +665,38 @@ class Database:
         return self._read_statement(stmt, params, one=False, fresh=fresh, primary=primary)
 
     def _read_statement(self, stmt, params: dict | None, *, one: bool, fresh: bool,
-                        primary: bool = False) -> Any:
+                        primary: bool = False, again: bool = False) -> Any:
         def rows_of(result):
             return result.one_or_none() if one else result.all()
 
-        if not self.is_postgres:
-            engine = (self._single_statement_primary_reads if primary
-                      else self._single_statement_reads)
-            with engine.connect() as connection:
+        try:
+            if not self.is_postgres:
+                engine = (self._single_statement_primary_reads if primary
+                          else self._single_statement_reads)
+                with engine.connect() as connection:
+                    return rows_of(connection.execute(stmt, params or {}))
+            connection = None
+            if self.read_url is not None and not primary:
+                connection = self._replica_connection(self._autocommit_read_engine, fresh=fresh)
+            if connection is None:
+                driver_read = DriverRead.of(stmt, self.primary_read_engine)
+                if driver_read is not None:
+                    engine = self.primary_read_engine
+                    return (driver_read.one_or_none(engine, params) if one
+                            else driver_read.all(engine, params))
+                with self._autocommit_primary_engine.connect() as on_primary:
+                    return rows_of(on_primary.execute(stmt, params or {}))
+            with self._on_replica(connection):
                 return rows_of(connection.execute(stmt, params or {}))
-        connection = None
-        if self.read_url is not None and not primary:
-            connection = self._replica_connection(self._autocommit_read_engine, fresh=fresh)
-        if connection is None:
-            driver_read = DriverRead.of(stmt, self.primary_read_engine)
-            if driver_read is not None:
-                engine = self.primary_read_engine
-                return (driver_read.one_or_none(engine, params) if one
-                        else driver_read.all(engine, params))
-            with self._autocommit_primary_engine.connect() as on_primary:
-                return rows_of(on_primary.execute(stmt, params or {}))
-        with self._on_replica(connection):
-            return rows_of(connection.execute(stmt, params or {}))
+        except DBAPIError as exc:
+            # The pool handed out a connection the server had closed (the replica's failures
+            # became ReplicaUnavailable above). One statement on a read-only connection changed
+            # nothing: on a live connection it answers as it would have a moment later.
+            if again or not exc.connection_invalidated:
+                raise
+            self._renew_pools()
+        return self._read_statement(stmt, params, one=one, fresh=fresh, primary=primary,
+                                    again=True)
 
     @contextmanager
     def _on_replica(self, connection) -> Iterator[None]:

@@ -137,3 +137,16 @@ class ReplicaUnavailable(LedgerError):
 
     def __init__(self, message: str):
         super().__init__(message, headers={"Retry-After": "1"})
+
+
+class DatabaseUnavailable(LedgerError):
+    """The database could not serve the request: it closed the connection, cannot be reached,
+    refuses connections, or (SQLite) stayed locked past the busy timeout
+    (``core.database.connection_failed``; ``web.error_envelope`` answers it). A write that
+    failed this way may have committed: only a request that is safe to repeat (a read, a
+    cancel, a message post with its ``Idempotency-Key``) should be sent again as it is."""
+
+    status, code = 503, "database_unavailable"
+
+    def __init__(self, message: str = "the database is unavailable; retry shortly"):
+        super().__init__(message, headers={"Retry-After": "1"})

@@ -7,7 +7,8 @@ import logging
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from agentledger.core.errors import LedgerError
+from agentledger.core.database import connection_failed
+from agentledger.core.errors import DatabaseUnavailable, LedgerError
 
 log = logging.getLogger("agentledger.api")
 
@@ -61,5 +62,19 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
+        if connection_failed(exc):
+            # An outage, not a bug: one line each, and the client is told to come back.
+            log.warning("database unavailable on %s %s: %s", request.method, request.path,
+                        _summary(exc))
+            return _ledger_error(DatabaseUnavailable())
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal_error", "the server failed; the error was logged")
+
+
+def _summary(exc: BaseException) -> str:
+    """The driver's error type and the first line of its message: a wrapped statement error's
+    text goes on with the SQL and its parameters, which stay out of the log."""
+    cause = getattr(exc, "orig", None) or exc
+    kind = type(cause)
+    lines = str(cause).strip().splitlines()
+    return f"{kind.__module__}.{kind.__qualname__}: {lines[0] if lines else '(no message)'}"
