@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import gzip
 import sys
+import zlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from agentledger.core.archive_format import ArchiveWriter, read_archive, verify_archive
+from agentledger.core.archive_format import (
+    ArchiveProblem,
+    ArchiveWriter,
+    read_archive,
+    verify_record,
+)
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.event_partitions import drop_empty_partitions
@@ -35,7 +44,8 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
     path = Path(out) / f"agentledger-archive-{stamp}.jsonl.gz"
     trees = runs = 0
     writer = None
-    bar = tqdm(unit="tree", desc="archive", file=sys.stderr)
+    # A dry run only counts, at once: a bar would stay empty.
+    bar = tqdm(unit="tree", desc="archive", file=sys.stderr, disable=dry_run)
     try:
         while True:
             with db.write() as s:
@@ -95,21 +105,69 @@ def _prune_otlp(db: Database, cutoff: datetime, batch_size: int, dry_run: bool) 
         after = found[-1]
 
 
+class UnreadableArchive(Exception):
+    """The file is no archive this command can read: missing, not gzip, cut short, or not
+    JSON lines of run records."""
+
+
+def _archive_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of ``path``; whatever keeps the file from being read as an archive raises
+    ``UnreadableArchive``. A record's own fields are the verifier's to judge."""
+    number = 0
+    try:
+        for number, record in enumerate(read_archive(path), start=1):
+            run = record.get("run") if isinstance(record, dict) else None
+            if not isinstance(run, dict) or not isinstance(run.get("id"), str):
+                raise UnreadableArchive(f"record {number} is not a run record")
+            yield record
+    except gzip.BadGzipFile:
+        after = f" after record {number}" if number else ""
+        raise UnreadableArchive(f"not gzip data{after} (archives are .jsonl.gz files)") from None
+    except OSError as exc:
+        raise UnreadableArchive((exc.strerror or str(exc)).lower()) from None
+    except (EOFError, zlib.error) as exc:
+        after = f" after record {number}" if number else ""
+        raise UnreadableArchive(f"the compressed data is broken{after}: {exc}") from None
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise UnreadableArchive(f"record {number + 1} is not a JSON line: {exc}") from None
+
+
 def verify_archive_command(settings: Settings, archive: str) -> int:
     path = Path(archive)
-    if not path.exists():
-        print(f"no archive file {path}", file=sys.stderr)
+    try:
+        run_ids = [record["run"]["id"] for record in _archive_records(path)]
+    except UnreadableArchive as exc:
+        print(f"agentledger: cannot read archive file {path}: {exc}", file=sys.stderr)
         return 2
-    run_ids = [r["run"]["id"] for r in read_archive(path)]
+    settings.check_database(schema=True)
     db = Database.from_settings(settings)
     try:
         with db.read() as s:
             heads = archived_heads(s, run_ids) or {}
     finally:
         db.dispose()
-    checked, problems = verify_archive(path, heads)
+    checked, problems = 0, []
+    try:
+        for record in _archive_records(path):
+            checked += 1
+            problem = _record_problem(record, heads.get(record["run"]["id"]))
+            if problem is not None:
+                problems.append(problem)
+    except UnreadableArchive as exc:  # changed since the first pass
+        print(f"agentledger: cannot read archive file {path}: {exc}", file=sys.stderr)
+        return 2
     for problem in problems:
         print(f"TAMPERED run {problem.run_id} seq {problem.seq}: {problem.problem}")
     verdict = "OK" if not problems else f"{len(problems)} damaged run(s)"
     print(f"{verdict}: {checked} archived runs checked in {path}")
     return 0 if not problems else 1
+
+
+def _record_problem(record: dict[str, Any], head: tuple[int, str] | None
+                    ) -> ArchiveProblem | None:
+    """``verify_record``'s verdict; a record whose fields are missing or of the wrong type is
+    damaged too (as a malformed evidence bundle is), not a reason to stop checking the rest."""
+    try:
+        return verify_record(record, head)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return ArchiveProblem(record["run"]["id"], 0, f"malformed record: {exc!r}")

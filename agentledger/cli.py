@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentledger.core.config import Settings
+from agentledger.core.config import Settings, StartupError
 
 
 def _database(settings: Settings):
@@ -37,6 +37,7 @@ def cmd_db_upgrade(args, settings: Settings) -> int:
     from agentledger.core.migrate import current_revision, ensure_event_partitions, upgrade
     from agentledger.core.server_checks import maintenance_warning
 
+    settings.check_database()
     upgrade(settings.database_url)
     print(f"database at revision {current_revision(settings.database_url)}")
     warning = maintenance_warning(settings.database_url)
@@ -55,6 +56,7 @@ def cmd_token_create(args, settings: Settings) -> int:
     from agentledger.core.migrate import upgrade
     from ingest.tokens import create_token
 
+    settings.check_database()
     upgrade(settings.database_url)
     db = _database(settings)
     try:
@@ -72,6 +74,9 @@ def cmd_token_create(args, settings: Settings) -> int:
 def cmd_token_revoke(args, settings: Settings) -> int:
     from ingest.tokens import revoke_token
 
+    # It changes an existing token, so it never migrates: a database without the schema has
+    # no tokens, which deserves its own sentence.
+    settings.check_database(schema=True)
     db = _database(settings)
     try:
         with db.write() as session:
@@ -93,6 +98,7 @@ def cmd_verify(args, settings: Settings) -> int:
 
         return verify_archive_command(settings, args.archive)
 
+    settings.check_database(schema=True)  # a check only reads: it never migrates
     db = _database(settings)
 
     def progress(n: int) -> None:
@@ -138,6 +144,7 @@ def verify_bundle_command(path: str) -> int:
 def cmd_archive(args, settings: Settings) -> int:
     from agentledger.archive import archive_command
 
+    settings.check_database()
     return archive_command(settings, older_than_days=args.older_than_days, out=args.out,
                            batch_size=args.batch_size, dry_run=args.dry_run)
 
@@ -153,6 +160,8 @@ def cmd_serve(args, settings: Settings) -> int:
 def cmd_worker(args, settings: Settings) -> int:
     from agentledger.worker.process import run_worker_process
 
+    if args.api is None:  # with --api it needs no database
+        settings.check_database()
     return run_worker_process(settings, instance_id=args.instance_id, concurrency=args.concurrency,
                               api_url=args.api, token=args.token)
 
@@ -160,13 +169,46 @@ def cmd_worker(args, settings: Settings) -> int:
 def cmd_reconcile(args, settings: Settings) -> int:
     from agentledger.worker.reconciler_loop import run_reconciler
 
+    settings.check_database()
     return run_reconciler(settings, once=args.once)
 
 
 def cmd_demo_seed(args, settings: Settings) -> int:
     from agentledger.demo import seed_command
 
+    settings.check_database()
     return seed_command(settings, runs=args.runs, days=args.days, seed=args.seed)
+
+
+def _at_least_one(text: str) -> int:
+    """A count or size option: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
+    return value
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of days, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more days, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,20 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the API, dashboards, worker and reconciler")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; "
+                        "0.0.0.0 for every IPv4 interface)")
+    p.add_argument("--port", type=_port, default=8050, help="port to listen on (default: 8050)")
     p.add_argument("--no-worker", action="store_true", help="do not execute runs in this process")
     p.add_argument("--no-reconciler", action="store_true",
                    help="do not reconcile expired leases in this process (it does by default, "
                         "also with --no-worker)")
     p.add_argument("--demo", action="store_true", help="seed demo data when the database is empty")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=_at_least_one, default=None,
                    help="HTTP worker processes (gunicorn); default: one per CPU core on "
                         "PostgreSQL, 1 on SQLite")
-    p.add_argument("--threads", type=int, default=128,
-                   help="threads per HTTP worker process (each open event stream uses one)")
-    p.add_argument("--concurrency", type=int, default=4,
-                   help="runs executed at once by each in-process executor")
+    p.add_argument("--threads", type=_at_least_one, default=128,
+                   help="threads per HTTP worker process (each open event stream uses one; "
+                        "default: 128)")
+    p.add_argument("--concurrency", type=_at_least_one, default=4,
+                   help="runs executed at once by each in-process executor (default: 4)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="a standalone executor process")
@@ -199,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stable id of this executor; on the database, runs it left unfinished "
                         "are interrupted (service_restart) when it starts again; with --api they "
                         "end lease_expired when their lease runs out")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=_at_least_one, default=4,
+                   help="runs executed at once (default: 4)")
     p.add_argument("--api", default=None, metavar="URL",
                    help="execute runs through this ledger server's executor routes, without "
                         "database access (needs --token)")
@@ -231,25 +277,31 @@ def build_parser() -> argparse.ArgumentParser:
         dest="demo_command", required=True, metavar="ACTION"
     )
     p = demo.add_parser("seed", help="write realistic history through the ingest path")
-    p.add_argument("--runs", type=int, default=300)
-    p.add_argument("--days", type=int, default=14)
+    p.add_argument("--runs", type=_at_least_one, default=300,
+                   help="root runs to write (default: 300)")
+    p.add_argument("--days", type=_at_least_one, default=14,
+                   help="spread them over this many past days (default: 14)")
     p.add_argument("--seed", type=int, default=None, help="random seed (repeatable data)")
     p.set_defaults(func=cmd_demo_seed)
 
     p = sub.add_parser("archive", help="move old, finished run trees to compressed JSONL files")
-    p.add_argument("--older-than-days", type=float, required=True,
+    p.add_argument("--older-than-days", type=_days, required=True,
                    help="archive trees whose root run ended more than this many days ago")
     p.add_argument("--out", default="archive", help="directory for the archive files")
-    p.add_argument("--batch-size", type=int, default=500, help="run trees per transaction")
+    p.add_argument("--batch-size", type=_at_least_one, default=500,
+                   help="run trees per transaction (default: 500)")
     p.add_argument("--dry-run", action="store_true", help="only count what would be archived")
     p.set_defaults(func=cmd_archive)
 
     p = sub.add_parser("verify", help="check every stored event hash chain")
-    p.add_argument("--run", default=None, help="only this run")
-    p.add_argument("--archive", default=None, metavar="FILE",
-                   help="check an archive file written by agentledger archive instead")
-    p.add_argument("--bundle", default=None, metavar="FILE",
-                   help="check an evidence bundle (GET /api/messages/{id}/evidence) offline")
+    # One thing is checked per call: the database (all of it or one run), an archive file or
+    # an evidence bundle; naming two would leave one of them unchecked.
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--run", default=None, help="only this run")
+    what.add_argument("--archive", default=None, metavar="FILE",
+                      help="check an archive file written by agentledger archive instead")
+    what.add_argument("--bundle", default=None, metavar="FILE",
+                      help="check an evidence bundle (GET /api/messages/{id}/evidence) offline")
     p.set_defaults(func=cmd_verify)
     return parser
 
@@ -261,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args, settings) or 0)
     except KeyboardInterrupt:
         return 130
+    except StartupError as exc:
+        print(f"agentledger: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - a CLI prints a sentence, not a traceback
         from agentledger.core.errors import LedgerError
 

@@ -26,7 +26,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import ThreadWorker
 
 from agentledger.connection_balance import ABSENT, ConnectionCounts
-from agentledger.core.config import Settings
+from agentledger.core.config import Settings, StartupError
 from agentledger.process_tuning import tune_for_long_running_process
 
 log = logging.getLogger("agentledger.server")
@@ -148,7 +148,8 @@ def _is_empty(settings: Settings) -> bool:
         db.dispose()
 
 
-def _admin_login_link(settings: Settings, base_url: str) -> str:
+def _admin_login_link(settings: Settings, base_url: str) -> tuple[str, str]:
+    """(token id, login link) of a new admin token."""
     from agentledger.core.database import Database
     from ingest.admin_log import Actor, record
     from ingest.tokens import create_token
@@ -161,7 +162,7 @@ def _admin_login_link(settings: Settings, base_url: str) -> str:
                    {"owner": "admin", "role": "admin", "purpose": "printed login link"})
     finally:
         db.dispose()
-    return f"{base_url}/login?token={token}"
+    return token_id, f"{base_url}/login?token={token}"
 
 
 class _Gunicorn(BaseApplication):
@@ -231,6 +232,7 @@ class _Gunicorn(BaseApplication):
             reconciler.stop()
         if executor is not None:
             executor.stop(reason="executor_shutdown")
+        worker.wsgi.extensions["agentledger"].memory.close()
 
 
 def _prepare_metrics_dir() -> None:
@@ -256,6 +258,30 @@ def _prepare_metrics_dir() -> None:
             os.remove(os.path.join(path, name))
 
 
+def _bind_address(host: str, port: int) -> str:
+    """gunicorn's ``bind`` for ``host``: an IPv6 address goes in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_can_listen(bind: str) -> None:
+    """Raise ``StartupError`` unless ``bind`` can be listened on: bound the way gunicorn binds
+    (its address parsing and socket family, ``SO_REUSEADDR``, which lets a port be taken again
+    while a stopped server's connections linger in TIME_WAIT but never while another socket
+    listens on it), then released at once for gunicorn. Otherwise gunicorn finds out only after
+    the start-up has printed its address and a login link, and retries for five seconds."""
+    host, port = gunicorn_util.parse_address(bind)
+    family = socket.AF_INET6 if gunicorn_util.is_ipv6(host) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).strip()
+            if reason[:1].isupper() and reason[1:2].islower():
+                reason = reason[0].lower() + reason[1:]
+            raise StartupError(f"cannot listen on {bind}: {reason}") from None
+
+
 def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
           run_reconciler: bool = True, demo: bool = False, workers: int | None = None,
           threads: int = 128, concurrency: int = 4) -> int:
@@ -266,6 +292,15 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
         workers = default_workers(settings)
     if workers < 1 or threads < 1:
         raise SystemExit("--workers and --threads must be at least 1")
+    bind = _bind_address(host, port)
+    # Before anything is printed, migrated or created (the login link's token): a server that
+    # cannot start says why in one line.
+    try:
+        check_can_listen(bind)
+        settings.check_database()
+    except StartupError as exc:
+        print(f"agentledger: {exc}", file=sys.stderr, flush=True)
+        return 2
     _prepare_metrics_dir()
     upgrade(settings.database_url)
     from agentledger.core.server_checks import maintenance_warning
@@ -281,15 +316,19 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
 
         print("empty database: seeding demo data…", flush=True)
         seed(settings, runs=300, days=14, seed=7, progress=True)
-    base_url = f"http://{host}:{port}"
+    base_url = f"http://{bind}"
     print(f"agentledger on {base_url}  (database: {settings.database_url.split('@')[-1]})", flush=True)
-    print(f"admin login: {_admin_login_link(settings, base_url)}", flush=True)
+    token_id, login_link = _admin_login_link(settings, base_url)
+    print(f"admin login: {login_link}", flush=True)
+    # Every start makes a new admin token; its id is what ``token revoke`` takes.
+    print(f"admin login token id: {token_id} (a new one at each start; revoke old ones with "
+          f"`agentledger token revoke ID`)", flush=True)
     reconciling = (f"reconciler every {settings.reconcile_seconds:g}s" if run_reconciler
                    else "no reconciler")
     print(f"{workers} HTTP worker process(es); in each: "
           f"{'executor' if run_worker else 'no executor'}, {reconciling}", flush=True)
     options = {
-        "bind": f"{host}:{port}",
+        "bind": bind,
         "workers": workers,
         "worker_class": ServeWorker,
         "threads": threads,

@@ -10,9 +10,27 @@ from pathlib import Path
 
 DEFAULT_DATABASE_URL = "sqlite:///agentledger.db"
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+SUPPORTED_DATABASES = ("sqlite (sqlite:///PATH) and postgresql+psycopg "
+                       "(postgresql+psycopg://USER@HOST/DB)")
+# How long the start-up check waits for PostgreSQL to answer: an address that drops packets
+# would otherwise hold a command for the operating system's TCP timeout (minutes) before it
+# says anything. A URL's own ``connect_timeout`` wins.
+CONNECT_CHECK_TIMEOUT_SECONDS = 10
+# The server's own words around the reason of a failed connection (psycopg / libpq), dropped
+# so that the one line says only what went wrong.
+_CONNECT_NOISE = re.compile(
+    r'^(connection failed: )?(connection to server (at|on socket) "[^"]*"(, port \d+)? failed: )?'
+    r"(FATAL: +)?")
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
 
 
-def _float_env(name: str, default: float) -> float:
+class StartupError(Exception):
+    """The configuration or the machine keeps a command from starting: a database that cannot
+    be reached or has no schema, a port already taken. The operator fixes it, so the entry
+    points print it as one line (``agentledger: …``, exit status 2), without a traceback."""
+
+
+def _float_env(name: str, default: float, *, zero_ok: bool = False) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -20,8 +38,9 @@ def _float_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError as exc:
         raise SystemExit(f"{name} must be a number of seconds, got {raw!r}") from exc
-    if value <= 0:
-        raise SystemExit(f"{name} must be positive, got {raw!r}")
+    if value < 0 or (value == 0 and not zero_ok) or value != value:
+        raise SystemExit(f"{name} must be {'0 or more' if zero_ok else 'positive'}, "
+                         f"got {raw!r}")
     return value
 
 
@@ -65,6 +84,10 @@ class Settings:
                        (email, phone, card, secret, re:<pattern>) applied before storing
     otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
                        parent never arrived is written as a root run after this quiet period
+    otlp_settle_seconds AGENTLEDGER_OTLP_SETTLE_SECONDS 0: an OTLP run tree is written as soon
+                       as its top agent span and the chain above it are in; else only after
+                       its trace received nothing for this long (spans of a trace may then
+                       arrive in any order within it, the top agent span first included)
     metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; 1 serves ``/metrics`` without a token
     checkpoint_types   AGENTLEDGER_CHECKPOINT_TYPES    unset: the checkpoint routes read only
                        LangGraph's safe types from executors; else ``package.module:Class``
@@ -87,6 +110,7 @@ class Settings:
     secure_cookies: bool = False
     redact: str = ""
     otlp_quiet_seconds: float = 60.0
+    otlp_settle_seconds: float = 0.0
     metrics_public: bool = False
     checkpoint_types: str = ""
     extra: dict = field(default_factory=dict)
@@ -107,6 +131,8 @@ class Settings:
             secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
+            otlp_settle_seconds=_float_env("AGENTLEDGER_OTLP_SETTLE_SECONDS", 0.0,
+                                           zero_ok=True),
             metrics_public=os.environ.get("AGENTLEDGER_METRICS_PUBLIC") == "1",
             checkpoint_types=os.environ.get("AGENTLEDGER_CHECKPOINT_TYPES", ""),
         )
@@ -147,8 +173,29 @@ class Settings:
                 f"AGENTLEDGER_LEASE_SECONDS ({self.lease_seconds:g}): leases are renewed every "
                 "heartbeat and would expire between two renewals"
             )
+        if not 0 <= self.otlp_settle_seconds < self.otlp_quiet_seconds:
+            raise SystemExit(
+                f"AGENTLEDGER_OTLP_SETTLE_SECONDS ({self.otlp_settle_seconds:g}) must be at "
+                f"least 0 and below AGENTLEDGER_OTLP_QUIET_SECONDS "
+                f"({self.otlp_quiet_seconds:g}): a trace quiet that long is written anyway")
         self.redaction_rules()  # a bad AGENTLEDGER_REDACT stops the process at start
         self.checkpoint_type_allowlist()
+
+    def check_database(self, *, schema: bool = False) -> None:
+        """Raise ``StartupError`` unless ``AGENTLEDGER_DATABASE_URL`` is a supported database
+        that accepts a connection and, with ``schema``, holds agentledger's tables.
+
+        Commands call it before their first database access, so a wrong URL, a server that is
+        down or a missing database is one sentence naming the variable, not a driver's
+        traceback. ``schema`` is for commands that work on existing records (``verify``,
+        ``token revoke``): they never migrate, and a SQLite file that does not exist is not
+        created for them. The read replica's URL is checked for its form only: while the
+        replica cannot be reached, reads go to the primary."""
+        url = _supported_url(self.database_url, "AGENTLEDGER_DATABASE_URL")
+        if self.read_database_url:
+            _supported_url(self.read_database_url, "AGENTLEDGER_READ_DATABASE_URL")
+        where = f"the database at {shown_url(self.database_url)} (AGENTLEDGER_DATABASE_URL)"
+        _check_connection(url, where, schema=schema)
 
     @property
     def is_sqlite(self) -> bool:
@@ -189,3 +236,80 @@ def sqlite_path(url: str) -> str | None:
         return None
     path = url[len(prefix):].split("?", 1)[0]
     return path or None
+
+
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed: its password hidden, also when it does not parse."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - any URL that does not parse is masked by hand
+        return _PASSWORD.sub(r"\1***@", url)
+
+
+def _supported_url(url: str, variable: str) -> str:
+    """``url`` in the form the engines use, or ``StartupError`` saying why it cannot be."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from agentledger.core.database import normalize_url
+
+    normalized = normalize_url(url)
+    try:
+        parsed = make_url(normalized)
+        parsed.port  # noqa: B018 - a port that is not a number fails here
+    except (ArgumentError, ValueError):
+        raise StartupError(f"{variable} is not a database URL ({shown_url(url)}): "
+                           f"supported are {SUPPORTED_DATABASES}") from None
+    if parsed.drivername not in ("sqlite", "postgresql+psycopg"):
+        raise StartupError(f"{variable} names an unsupported database {parsed.drivername!r} "
+                           f"({shown_url(url)}): supported are {SUPPORTED_DATABASES}")
+    if parsed.drivername == "sqlite" and sqlite_path(normalized) is None:
+        raise StartupError(f"{variable} names an in-memory SQLite database ({shown_url(url)}): "
+                           "agentledger needs a file, sqlite:///PATH")
+    return normalized
+
+
+def _check_connection(url: str, where: str, *, schema: bool) -> None:
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
+
+    path = sqlite_path(url)
+    if path is not None and schema and not Path(path).exists():
+        raise StartupError(f"{where} does not exist: create it with `agentledger db upgrade`")
+    connect_args = {}
+    if path is None and "connect_timeout" not in make_url(url).query:
+        connect_args["connect_timeout"] = CONNECT_CHECK_TIMEOUT_SECONDS
+    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as connection:
+            # SQLite opens its file lazily: reading the catalogue is what finds a file that
+            # is not a database.
+            connection.execute(text("SELECT count(*) FROM sqlite_master" if path is not None
+                                    else "SELECT 1"))
+            migrated = not schema or MigrationContext.configure(
+                connection).get_current_revision() is not None
+    except DBAPIError as exc:
+        verb = "open" if path is not None else "connect to"
+        raise StartupError(f"cannot {verb} {where}: {_connect_failure(exc, path)}") from None
+    finally:
+        engine.dispose()
+    if not migrated:
+        raise StartupError(f"{where} has no agentledger schema (it was never migrated): "
+                           "run `agentledger db upgrade` first")
+
+
+def _connect_failure(exc: BaseException, path: str | None) -> str:
+    """The reason of a failed connection, in a few words: the driver's first line."""
+    message = str(getattr(exc, "orig", None) or exc).strip()
+    reason = _CONNECT_NOISE.sub("", message.splitlines()[0] if message else "").strip()
+    reason = reason or type(exc).__name__
+    if reason[:1].isupper() and reason[1:2].islower():  # "Connection refused", not "SSL …"
+        reason = reason[0].lower() + reason[1:]
+    if path is not None and not Path(path).parent.is_dir():
+        reason += f" (no directory {Path(path).parent})"
+    return reason
