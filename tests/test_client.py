@@ -9,6 +9,7 @@ a stream after some bytes or answers 503/429 itself.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -199,6 +200,20 @@ def test_a_send_is_retried_after_a_503_and_a_429_with_retry_after(server, alice)
     assert [r["id"] for r in _runs_of(server, session["id"])] == [posted["run_id"]]
 
 
+def test_a_read_after_a_503_waits_the_retry_after_it_names(server, alice):
+    """``database_unavailable`` answers 503 with ``Retry-After: 1``: a safe request comes back
+    after that second, not after the policy's first, shorter backoff."""
+    session = alice.create_session("echo")
+    run_id = alice.send_message(session["id"], "hello")["run_id"]
+    faults = {1: ("canned", canned(503, "Service Unavailable", headers={"Retry-After": "1"}))}
+    with FaultProxy(server["port"], faults) as proxy, \
+            LedgerClient(proxy.base_url, server["tokens"]["alice"], retry=FAST_RETRY) as flaky:
+        started = time.monotonic()
+        assert flaky.get_run(run_id)["id"] == run_id
+        assert time.monotonic() - started >= 0.95
+        assert proxy.faulted == [1] and proxy.connections == 2
+
+
 def test_stream_events_resumes_across_cut_connections(server, alice):
     session = alice.create_session("chatty")
     cuts = {n: ("cut", 700) for n in (1, 2, 3, 4)}
@@ -248,3 +263,76 @@ def test_executor_client_drives_the_executor_routes(server, alice):
     run = alice.wait(run_id, timeout=10)
     assert run["status"] == "succeeded"
     assert alice.provenance(run["final_message_id"])["message"]["content"] == "by hand"
+
+
+# Ids that would name another route, or none, if they went into a path as they are.
+HOSTILE_IDS = ("run/../../sessions", "x/tree", "..", ".", "%2E%2E", "x?limit=1", "x#frag",
+               "x%2Ftree", "", "sp ace", "é")
+
+
+def test_an_id_is_one_path_segment_and_never_reaches_another_route(server, alice):
+    session = alice.create_session("echo")
+    posted = alice.send_message(session["id"], "mine")
+    run_id = posted["run_id"]
+    ids = (*HOSTILE_IDS, f"{run_id}/tree", f"{run_id}/events", f"{run_id}?x=1", f"{run_id}#x",
+           f"../{run_id}", f"{session['id']}/messages")
+    calls = {
+        "get_run": alice.get_run, "cancel": alice.cancel, "tree": alice.tree,
+        "events": alice.events, "provenance": alice.provenance,
+        "stream_events": lambda i: list(alice.stream_events(i)),
+        "wait": lambda i: alice.wait(i, timeout=10),
+        "send_message": lambda i: alice.send_message(i, "never posted"),
+    }
+    with ExecutorClient(server["url"], server["tokens"]["executor"], unique("ids")) as ex:
+        calls |= {
+            "executor.heartbeat": ex.heartbeat,
+            "executor.append": lambda i: ex.append(i, [("message.delta", {"text": "x"})]),
+            "executor.create_child": lambda i: ex.create_child(i, "echo", "x"),
+            "executor.memory": lambda i: ex.memory(i, "checkpoints/get", {}),
+            "executor.get_run": ex.get_run, "executor.events": ex.events,
+        }
+        for bad in ids:
+            for name, call in calls.items():
+                with pytest.raises(ApiError) as caught:
+                    call(bad)
+                error = caught.value
+                assert (error.status, error.code) == (404, "not_found"), (name, bad, error)
+                # the whole id, as one segment: never a run, tree or list of another route
+                assert bad in error.message, (name, bad, error.message)
+    # nothing was posted to the session, and the run is untouched
+    assert [r["id"] for r in _runs_of(server, session["id"])] == [run_id]
+    assert alice.get_run(run_id)["status"] == "queued"
+    alice.cancel(run_id)
+
+
+def test_a_key_the_server_would_refuse_raises_value_error_before_sending(server, alice):
+    session = alice.create_session("echo")
+    for bad in ("", "é", "x" * 256, " lead", "trail ", "tab\tx", "new\nline", "nul\x00"):
+        with pytest.raises(ValueError, match="printable ASCII"):
+            alice.send_message(session["id"], "refused", idempotency_key=bad)
+    assert _runs_of(server, session["id"]) == []
+    # the edges of what the server accepts
+    for good in ("k", "x" * 255, "a b", "~!@#$%^&*()[]{}<>?/\\|'\"`"):
+        alice.send_message(session["id"], "accepted", idempotency_key=good)
+    assert len(_runs_of(server, session["id"])) == 4
+
+
+def test_a_failed_send_names_its_key_so_that_a_retry_creates_no_second_run(server, alice):
+    session = alice.create_session("echo")
+    # every answer is lost: the message is recorded, the client never learns it
+    lost = {n: ("drop_answer",) for n in range(1, 10)}
+    with FaultProxy(server["port"], lost) as proxy, \
+            LedgerClient(proxy.base_url, server["tokens"]["alice"],
+                         retry=RetryPolicy(attempts=2, backoff=0.01)) as flaky:
+        with pytest.raises(ConnectionFailed) as caught:
+            flaky.send_message(session["id"], "did it arrive?")
+        assert proxy.faulted == [1, 2]
+    key = caught.value.idempotency_key
+    assert key and key.startswith("alc-")
+    again = alice.send_message(session["id"], "did it arrive?", idempotency_key=key)
+    assert [r["id"] for r in _runs_of(server, session["id"])] == [again["run_id"]]
+    # an answered error names the key too (here the caller's own)
+    with pytest.raises(ApiError) as conflict:
+        alice.send_message(session["id"], "something else", idempotency_key=key)
+    assert (conflict.value.code, conflict.value.idempotency_key) == ("idempotency_conflict", key)
+    alice.cancel(again["run_id"])

@@ -10,7 +10,8 @@ from typing import Any
 
 import httpx
 
-from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport
+from agentledger.client.errors import ApiError
+from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport, segment
 
 log = logging.getLogger("agentledger.client")
 
@@ -55,35 +56,48 @@ class ExecutorClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _post(self, path: str, body: dict, retry: str) -> Any:
-        return self._http.request("POST", path, json=body, retry=retry).json()
+    def _post(self, path: str, body: dict, retry: str, *, unsent_seconds: float = 0.0) -> Any:
+        return self._http.request("POST", path, json=body, retry=retry,
+                                  unsent_seconds=unsent_seconds).json()
 
     # ---- the executor routes -------------------------------------------------------------
 
-    def claim(self, max_runs: int = 1, *, lease_seconds: float | None = None) -> list[dict]:
+    def claim(self, max_runs: int = 1, *, lease_seconds: float | None = None,
+              wait_seconds: float | None = None) -> list[dict]:
         """Lease up to ``max_runs`` queued runs; each ``{"run_id", "thread_id", "input",
-        "agent_execution_snapshot", "context_pack_snapshot", "context", "lease_expires_at", …}``."""
+        "agent_execution_snapshot", "context_pack_snapshot", "context", "lease_expires_at", …}``.
+
+        With ``wait_seconds`` (at most 20), when nothing is claimable the server holds its
+        answer until a run may have become claimable or the time passes, then answers ``[]``
+        (it never claims after waiting): claim again then. A worker loop that claims this way
+        starts runs as they are queued, without polling."""
         body: dict[str, Any] = {"executor_instance_id": self.instance_id, "max_runs": max_runs}
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
+        if wait_seconds:
+            body["wait_seconds"] = wait_seconds
         return self._post("/api/executor/claim", body, UNSENT)["runs"]
 
     def heartbeat(self, run_id: str) -> dict:
         """``{"lease_expires_at", "cancel_requested"}``; a lost lease raises ``ApiError`` 409
         ``lease_lost``."""
-        return self._post(f"/api/executor/runs/{run_id}/heartbeat",
+        return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/heartbeat",
                           {"executor_instance_id": self.instance_id}, SAFE)
 
-    def append(self, run_id: str, events: Iterable[dict | tuple[str, dict]]) -> dict:
+    def append(self, run_id: str, events: Iterable[dict | tuple[str, dict]], *,
+               unsent_seconds: float = 0.0) -> dict:
         """Append ``[{"type", "data"}, …]`` (or ``(type, data)`` pairs), all or nothing;
-        returns ``{"seqs", "cancel_requested"}``."""
+        returns ``{"seqs", "cancel_requested"}``. An append is repeated only when it certainly
+        never reached the server (it has no idempotency key): after the retry policy's
+        attempts, for ``unsent_seconds`` more (a restarting server is waited for)."""
         batch = [e if isinstance(e, dict) else {"type": e[0], "data": e[1]} for e in events]
-        return self._post(f"/api/executor/runs/{run_id}/events",
-                          {"executor_instance_id": self.instance_id, "events": batch}, UNSENT)
+        return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/events",
+                          {"executor_instance_id": self.instance_id, "events": batch}, UNSENT,
+                          unsent_seconds=unsent_seconds)
 
     def create_child(self, run_id: str, agent_id: str, input: str) -> dict:
         """Delegate: a child run of ``run_id``; returns ``{"run_id", "events_url"}``."""
-        return self._post(f"/api/executor/runs/{run_id}/children",
+        return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/children",
                           {"executor_instance_id": self.instance_id, "agent_id": agent_id,
                            "input": input}, UNSENT)
 
@@ -98,16 +112,16 @@ class ExecutorClient:
         except KeyError:
             raise ValueError(f"no memory operation {operation!r}; known: "
                              f"{', '.join(MEMORY_OPERATIONS)}") from None
-        return self._post(f"/api/executor/runs/{run_id}/{operation}",
+        return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/{operation}",
                           {**body, "executor_instance_id": self.instance_id}, retry)
 
     # ---- what an executor may read: any run and its events -------------------------------
 
     def get_run(self, run_id: str) -> dict:
-        return self._http.request("GET", f"/api/agent-runs/{run_id}").json()
+        return self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}").json()
 
     def events(self, run_id: str, after_seq: int = 0) -> dict:
-        return self._http.request("GET", f"/api/agent-runs/{run_id}/events",
+        return self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}/events",
                                   params={"after_seq": after_seq}).json()
 
     # ---- a worker ------------------------------------------------------------------------
@@ -118,7 +132,11 @@ class ExecutorClient:
         does (heartbeats, cancel within a second), until SIGTERM/SIGINT (when called from the
         main thread) or ``stop`` is set; then end the runs still held ``interrupted``
         (``executor_shutdown``) and return their ids. ``settings`` (lease and heartbeat
-        seconds) default to the ``AGENTLEDGER_*`` environment."""
+        seconds) default to the ``AGENTLEDGER_*`` environment.
+
+        A server that refuses the token (401 ``unauthenticated``, 403 ``forbidden``: unknown,
+        revoked, or not an executor's) is not retried: the worker stops as above and raises
+        that ``ApiError``."""
         from agentledger.core.config import Settings
         from agentledger.worker.executor import Executor
         from agentledger.worker.http_backend import HttpBackend
@@ -136,7 +154,7 @@ class ExecutorClient:
             log.info("worker %s executing up to %d run(s) from %s; lease %gs, heartbeat %gs",
                      self.instance_id, concurrency, self.base_url, settings.lease_seconds,
                      settings.heartbeat_seconds)
-            while not done.wait(0.5):
+            while not done.wait(0.5) and executor.refusal is None:
                 pass
         finally:
             ended = executor.stop(reason="executor_shutdown")
@@ -144,4 +162,7 @@ class ExecutorClient:
                 signal.signal(signum, handler)
             log.info("worker %s stopped; %d run(s) interrupted (executor_shutdown)",
                      self.instance_id, len(ended))
+        refusal = executor.refusal
+        if refusal is not None:
+            raise ApiError(refusal.status, refusal.code, refusal.message)
         return ended

@@ -14,25 +14,44 @@ class Frame:
     data: list[str] = field(default_factory=list)
 
 
-def frames(lines: Iterable[str]) -> Iterator[Frame]:
-    """Each complete frame that carries data. A block cut off by a dropped connection (no
-    closing blank line) is never yielded."""
-    current = Frame()
-    for line in lines:
+class EventStreamParser:
+    """Fed one line at a time; ``feed`` returns each complete frame that carries data. A block
+    cut off by a dropped connection (no closing blank line) is never returned.
+
+    ``retry_ms``: the latest ``retry:`` hint (the pause the server asks for before a reconnect),
+    None until one arrives; ``comments``: how many ``:`` comments (keep-alives) arrived."""
+
+    def __init__(self) -> None:
+        self.retry_ms: int | None = None
+        self.comments = 0
+        self._current = Frame()
+
+    def feed(self, line: str) -> Frame | None:
         line = line.rstrip("\r\n")
         if line == "":
-            if current.data:
-                yield current
-            current = Frame()
-            continue
+            done, self._current = self._current, Frame()
+            return done if done.data else None
         if line.startswith(":"):
-            continue
+            self.comments += 1
+            return None
         name, colon, value = line.partition(":")
         if colon and value.startswith(" "):
             value = value[1:]
         if name == "data":
-            current.data.append(value)
+            self._current.data.append(value)
         elif name == "id" and "\x00" not in value:
-            current.id = value
+            self._current.id = value
         elif name == "event":
-            current.event = value
+            self._current.event = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self.retry_ms = int(value)
+        return None
+
+
+def frames(lines: Iterable[str]) -> Iterator[Frame]:
+    """Each complete frame of ``lines`` that carries data."""
+    parser = EventStreamParser()
+    for line in lines:
+        frame = parser.feed(line)
+        if frame is not None:
+            yield frame
