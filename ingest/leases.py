@@ -11,7 +11,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, any_, bindparam, exists, func, null, select, tuple_, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    any_,
+    bindparam,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -19,7 +31,7 @@ from agentledger.core.database import read_all
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
-from agentledger.core.vocabulary import ACTIVE
+from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.events import LOCKED_RUN_COLUMNS, check_lease, lease_deadline, start_locked_runs
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
@@ -56,6 +68,19 @@ def _check_lease_seconds(lease_seconds: float) -> None:
 # Built once, not per claim: creating an alias copies every column of ``agent_run``.
 _OTHER_RUN = aliased(AgentRun, name="other_run")
 _EARLIER_RUN = aliased(AgentRun, name="earlier_run")
+_PARENT_RUN = aliased(AgentRun, name="parent_run")
+
+
+def _parent_not_ended():
+    """A child run is claimable only while its parent has not ended: a queued child of an
+    ended parent is the reconciler's to interrupt (``parent_terminal``), never to start, even
+    when a worker claims before the reconciler's next pass (a worker started again at once
+    after stopping ends its parents and would start their queued children). A scalar
+    subquery, which PostgreSQL runs only for child runs: a root stops at ``parent_run_id IS
+    NULL`` (an ``EXISTS`` may be planned as a hash of every ended run)."""
+    parent_status = (select(_PARENT_RUN.status)
+                     .where(_PARENT_RUN.id == AgentRun.parent_run_id).scalar_subquery())
+    return or_(AgentRun.parent_run_id.is_(None), ~one_of(parent_status, TERMINAL))
 
 
 def claimable_runs_query(max_runs):
@@ -65,6 +90,7 @@ def claimable_runs_query(max_runs):
         select(AgentRun.id)
         .where(
             AgentRun.status == "queued",
+            _parent_not_ended(),
             ~exists().where(other.thread_id == AgentRun.thread_id, other.status.in_(ACTIVE)),
             ~exists().where(
                 and_(
@@ -100,7 +126,8 @@ def first_in_line_query(max_runs):
         # planner guesses of the queue's size; ``IN (…)`` became a semi-join rescanning them
         # for each queued run.
         .where(AgentRun.status == "queued",
-               AgentRun.id == any_(func.array(first.scalar_subquery())), ~exists(active))
+               AgentRun.id == any_(func.array(first.scalar_subquery())), ~exists(active),
+               _parent_not_ended())
         .order_by(AgentRun.created_at, AgentRun.id)
         .limit(max_runs)
     )

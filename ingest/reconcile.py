@@ -77,26 +77,39 @@ def interrupt_if_orphaned(session: Session, run_id: str) -> bool:
     return True
 
 
-def interrupt_executor_runs(session: Session, executor_instance_id: str, *, reason: str) -> list[str]:
-    """End every unfinished run leased to this executor instance (``service_restart`` when it
-    starts again, ``executor_shutdown`` when it stops on purpose)."""
-    ids = session.execute(
+def executor_run_ids(session: Session, executor_instance_id: str) -> list[str]:
+    """The unfinished runs leased to this executor instance, oldest first."""
+    return list(session.execute(
         select(AgentRun.id)
         .where(
             AgentRun.executor_instance_id == executor_instance_id,
             AgentRun.status.in_(NON_TERMINAL),
         )
         .order_by(AgentRun.created_at)
-    ).scalars().all()
-    ended = []
-    for run_id in ids:
-        run = lock_run_and_parent(session, run_id)
-        if run.status in TERMINAL or run.executor_instance_id != executor_instance_id:
-            continue
-        append_events(
-            session,
-            run_id,
-            [("run.interrupted", {"reason": reason, "executor_instance_id": executor_instance_id})],
-        )
-        ended.append(run_id)
-    return ended
+    ).scalars())
+
+
+def interrupt_executor_run(session: Session, run_id: str, executor_instance_id: str, *,
+                           reason: str) -> bool:
+    """End one run of this executor instance ``interrupted`` with ``reason``, unless it ended
+    or changed hands meanwhile."""
+    run = lock_run_and_parent(session, run_id)
+    if run.status in TERMINAL or run.executor_instance_id != executor_instance_id:
+        return False
+    append_events(
+        session,
+        run_id,
+        [("run.interrupted", {"reason": reason, "executor_instance_id": executor_instance_id})],
+    )
+    return True
+
+
+def interrupt_executor_runs(session: Session, executor_instance_id: str, *, reason: str) -> list[str]:
+    """End every unfinished run leased to this executor instance (``service_restart`` when it
+    starts again, ``executor_shutdown`` when it stops on purpose), all in the caller's
+    transaction: for writers alone on the database (an import, demo data). A live executor ends
+    them one transaction each (``worker.backends``): two instances ending their runs at once
+    lock rows of trees they share, and one transaction each never waits for a row while holding
+    another run's."""
+    return [run_id for run_id in executor_run_ids(session, executor_instance_id)
+            if interrupt_executor_run(session, run_id, executor_instance_id, reason=reason)]

@@ -3,6 +3,7 @@ of which must leave the ledger exactly as it was (row counts and the run's head)
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 
@@ -81,6 +82,66 @@ def test_claim_is_first_in_first_out_per_thread_and_honours_max_runs(api, chat):
     after = api.post("/api/executor/claim", api.executor,
                      json={"executor_instance_id": "e1", "max_runs": 10}).json()["runs"]
     assert [r["run_id"] for r in after] == [second]
+
+
+def _claim(api, instance: str, **body) -> tuple[list[dict], float]:
+    started = time.monotonic()
+    reply = api.post("/api/executor/claim", api.executor,
+                     json={"executor_instance_id": instance, **body})
+    assert reply.status == 200, reply
+    return reply.json()["runs"], time.monotonic() - started
+
+
+def test_an_empty_claim_waits_for_work_and_never_claims_after_waiting(api, chat):
+    """``wait_seconds``: nothing claimable holds the answer until a run is queued (or the time
+    passes); the answer is then empty, the run stays queued, and the next claim takes it. A
+    server cannot tell that a waiting caller went away, so a claim after the wait could lease a
+    run to nobody."""
+    _claim(api, "warm-up", wait_seconds=0.3)  # the first wait may end as the watcher starts
+    found, took = _claim(api, "idle", wait_seconds=0.6)
+    assert found == [] and took >= 0.55
+
+    posted = {}
+
+    def post_later():
+        time.sleep(0.4)
+        posted.update(post_message(api, api.alice, chat, "wake up"))
+
+    poster = threading.Thread(target=post_later)
+    poster.start()
+    found, took = _claim(api, "waiter", wait_seconds=10)
+    poster.join()
+    assert found == [] and 0.35 <= took < 5, took  # woken by the run, long before 10 s
+    run = api.get(f"/api/agent-runs/{posted['run_id']}", api.alice).json()
+    assert run["status"] == "queued"
+    found, took = _claim(api, "waiter", wait_seconds=10)
+    assert [r["run_id"] for r in found] == [posted["run_id"]] and took < 5  # no wait: claimed
+
+
+def test_an_empty_claim_is_woken_when_a_threads_run_ends(api, chat, running):
+    """The next run of a thread becomes claimable when the thread's running run ends: that
+    ends a waiting claim too."""
+    run, instance = running
+    second = post_message(api, api.alice, chat, "after")["run_id"]
+    _claim(api, "warm-up", wait_seconds=0.3)
+
+    def end_later():
+        time.sleep(0.4)
+        assert append(api, api.executor, run, instance, [("run.completed", {})]).status == 200
+
+    ender = threading.Thread(target=end_later)
+    ender.start()
+    found, took = _claim(api, "waiter", wait_seconds=10)
+    ender.join()
+    assert found == [] and 0.35 <= took < 5, took
+    assert [r["run_id"] for r in _claim(api, "waiter")[0]] == [second]
+
+
+@pytest.mark.parametrize("wait", [-1, 20.5, "soon"])
+def test_a_claim_wait_outside_0_to_20_seconds_is_422(api, wait):
+    reply = api.post("/api/executor/claim", api.executor,
+                     json={"executor_instance_id": "x", "wait_seconds": wait})
+    assert_error(reply, 422, "validation_error")
 
 
 def test_heartbeat_extends_the_lease(api, running):

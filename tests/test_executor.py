@@ -211,7 +211,7 @@ def test_delegation_tree_of_depth_three(db, executors):
         _, token = create_token(s, owner_id="viewer", role="viewer")
     tree = app.test_client().get(f"/api/agent-runs/{grandchildren[0].id}/tree",
                                  headers={"Authorization": f"Bearer {token}"}).get_json()
-    app.extensions["agentledger"].notifier.stop()
+    app.extensions["agentledger"].close()
     assert tree["root_run_id"] == posted.run_id
     order = [n["run_id"] for n in tree["nodes"]]
     assert sorted(order) == sorted(nodes)
@@ -607,3 +607,148 @@ def test_a_refused_progress_event_fails_the_run_after_what_came_before(db, execu
     assert [e.type for e in evs] == ["run.queued", "run.started", "message.delta", "run.failed"]
     assert evs[-1].data["error"]["code"] == "validation_error"
     assert "input_tokens" in evs[-1].data["error"]["message"]
+
+
+# --------------------------------------------------------------------------------------------
+# the database failing under a run
+# --------------------------------------------------------------------------------------------
+
+
+def _driver_error(db, run_id: str) -> Exception:
+    """What SQLAlchemy raises when the database fails under a statement (the server ended the
+    connection, the disk failed): the driver's own error, wrapped with the statement and its
+    parameters in the message."""
+    from sqlalchemy.exc import OperationalError
+
+    if db.is_postgres:
+        import psycopg
+
+        orig = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+    else:
+        import sqlite3
+
+        orig = sqlite3.OperationalError("disk I/O error")
+    return OperationalError("SELECT agent_run.id, agent_run.status FROM agent_run "
+                            "WHERE agent_run.id = %(run_id)s", {"run_id": run_id}, orig)
+
+
+@pytest.mark.parametrize("fault", ["progress", "wrapped_by_agent", "ending", "children"])
+def test_a_database_failure_under_a_run_drops_it_for_the_reconciler(
+        db, executors, test_kind, monkeypatch, caplog, fault):
+    """The executor's own database call failing while the agent runs (writing what the agent
+    emitted, creating its children, writing its end) is no fault of the agent: the run is not
+    failed with the driver's message (statement and parameters included); the executor lets go
+    of it with one line, and the reconciler ends it ``interrupted`` at its lease's expiry. An
+    agent that wraps the error in its own is no different."""
+    from sqlalchemy.exc import OperationalError
+
+    def talker(ctx):
+        for n in range(40 if fault != "ending" else 2):
+            try:
+                ctx.say(f"{n} ")
+            except OperationalError as exc:  # an agent that reports failures its own way
+                if fault == "wrapped_by_agent":
+                    raise RuntimeError("could not report progress") from exc
+                raise
+            ctx.sleep(0.05)
+        return "done"
+
+    test_kind("talker", talker)
+    make_agent(db, "echo")
+    if fault == "children":
+        delegator(db, "agent", ["echo"])
+    else:
+        make_agent(db, "agent", kind="talker")
+    run_id = post(db, make_session(db, agent_id="agent"), "x").run_id
+    executor = executors.create("exec-a", lease_seconds=2, heartbeat_seconds=0.5)
+    backend = executor.backend
+    real_append, failed = backend.append, []
+
+    def append(target, events):
+        batch = [t for t, _ in events]
+        due = (("run.completed" in batch) if fault == "ending"
+               else "message.delta" in batch and types(db, target).count("message.delta") >= 2)
+        if target == run_id and due and not failed:
+            failed.append(batch)
+            raise _driver_error(db, target)
+        return real_append(target, events)
+
+    def create_children(target, children):
+        failed.append(children)
+        raise _driver_error(db, target)
+
+    monkeypatch.setattr(backend, "append", append)
+    monkeypatch.setattr(backend, "create_children", create_children)
+    executor.start()
+    wait_until(lambda: failed, timeout=30)
+    wait_until(lambda: executor.active_run_ids == [], timeout=30)
+    # Let go of, not ended: nobody but the reconciler writes for it any more.
+    assert status(db, run_id) == "running"
+    wait_until(lambda: reconcile_once(db).lease_expired, timeout=30)
+    terminal = assert_one_terminal_event(db, run_id)
+    assert terminal.data["reason"] == "lease_expired"
+    assert terminal.data["executor_instance_id"] == "exec-a"
+    row = run(db, run_id)
+    assert row.status == "interrupted" and row.error is None
+    kinds = types(db, run_id)
+    assert kinds.count("run.started") == 1 and "run.failed" not in kinds  # never re-run
+    assert not any("SQL" in str(e.data) or "SELECT" in str(e.data) for e in events(db, run_id))
+    if fault == "children":
+        assert runs(db, parent_run_id=run_id) == []
+    said = [r for r in caplog.records if r.name == "agentledger.executor" and run_id in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].levelname == "WARNING" and "OperationalError" in said[0].getMessage()
+    assert said[0].exc_info is None
+    assert not any("SELECT" in r.getMessage() or "[SQL" in r.getMessage() or r.exc_info
+                   for r in caplog.records if r.name == "agentledger.executor")
+
+
+def test_the_server_ending_the_executor_s_connections_fails_no_run(pg_db, test_kind, caplog):
+    """PostgreSQL ends the executor's connections while its runs write (an administrator, a
+    failover): each run either goes on (the next statement reconnects) or, when its own write
+    failed, is let go of and ended ``interrupted`` by the reconciler; none ends ``failed``, and
+    no statement's SQL text lands in the ledger or in the executor's lines about a run."""
+    import psycopg
+    from support.processes import fast_settings
+
+    from agentledger.core.database import Database
+
+    db = pg_db
+    make_agent(db, "talker", kind="scripted", params={"steps": [{"say": "x"}, {"sleep": 0.1}] * 30})
+    run_ids = [post(db, make_session(db, agent_id="talker"), "x").run_id for _ in range(4)]
+    # Its own connections, named: ending them leaves the test's own reads alone.
+    own = Database(f"{db.url}?application_name=executor-under-test")
+    executor = Executor(own, fast_settings(own.url, lease_seconds=2, heartbeat_seconds=0.5),
+                        instance_id="exec-a", concurrency=4)
+    executor.start()
+    try:
+        wait_until(lambda: all(types(db, r).count("message.delta") >= 2 for r in run_ids),
+                   timeout=30)
+        database = db.engine.url.database
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{database}",
+                             autocommit=True) as admin:
+            for _ in range(5):
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'executor-under-test'")
+                time.sleep(0.3)
+
+        def ended():
+            reconcile_once(db)
+            return all(status(db, r) in TERMINAL for r in run_ids)
+
+        wait_until(ended, timeout=60)
+    finally:
+        executor.stop()
+        executor.notifier.stop()
+        own.dispose()
+    for run_id in run_ids:
+        row = run(db, run_id)
+        terminal = assert_one_terminal_event(db, run_id)
+        assert row.status in ("succeeded", "interrupted"), (row.status, row.error)
+        if row.status == "interrupted":
+            assert terminal.data["reason"] == "lease_expired"
+        assert types(db, run_id).count("run.started") == 1
+        assert not any("SQL" in str(e.data) for e in events(db, run_id))
+    assert not any("[SQL" in r.getMessage() or "agent of run" in r.getMessage()
+                   for r in caplog.records
+                   if r.name == "agentledger.executor" and any(i in r.getMessage() for i in run_ids))

@@ -205,6 +205,8 @@ class Lifecycle(RuleBasedStateMachine):
             run = self.runs[rid]
             if run.status != "queued":
                 continue
+            if run.parent and self.runs[run.parent].status in TERMINAL_STATUSES:
+                continue  # the reconciler's to interrupt (parent_terminal), never to start
             same = [self.runs[o] for o in self.order if self.runs[o].thread == run.thread]
             if any(o.status in ACTIVE for o in same):
                 continue

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
 
-from agentledger.core.errors import LeaseLost
+from agentledger.core.errors import IllegalTransition, LeaseLost
 from ingest.cancel import request_cancel
 from ingest.events import append_events
-from ingest.leases import heartbeat
+from ingest.leases import claim_run, heartbeat
 from ingest.reconcile import (
     expired_lease_run_ids,
     interrupt_executor_runs,
@@ -126,8 +127,16 @@ def test_queued_child_of_a_terminal_parent_is_interrupted(db, agent):
                       executor_instance_id=W)
     parent_events = events(db, parent)
 
+    # Before the reconciler's pass, no claim starts the ended parent's queued child: a worker
+    # started again at once (its parents ended executor_shutdown) must not run it.
+    assert claim(db, "worker-3", max_runs=5) == []
+    with db.write() as s:
+        with pytest.raises(IllegalTransition):
+            claim_run(s, sibling, "worker-3")
+
     ended, dropped = reconcile_once(db)
     assert ended == [] and dropped == [sibling]
+    assert "run.started" not in [e.type for e in events(db, sibling)]
     last = events(db, sibling)[-1]
     assert last.type == "run.interrupted"
     assert last.data == {"reason": "parent_terminal", "parent_run_id": parent,
@@ -172,4 +181,52 @@ def test_executor_restart_interrupts_its_unfinished_runs(db, agent):
     with db.write() as s:
         assert interrupt_executor_runs(s, W, reason="service_restart") == []
     assert snapshot_state(db) == before
+    assert_chains_ok(db)
+
+
+def test_two_executors_ending_their_runs_at_once_never_deadlock(pg_db):
+    """Two instances stopping (or starting again) at the same moment, whose trees cross: a
+    parent held by one, its child by the other. Ending each instance's runs in one transaction
+    deadlocked here (each held rows the other's next run needed, the interruption count's
+    among them); one transaction per run never waits for a row while holding another run's."""
+    from agentledger.worker.backends import DatabaseBackend
+
+    db = pg_db
+    make_agent(db, "echo")
+    make_agent(db, "helper")
+    for round_ in range(4):
+        a, b = f"stop-a-{round_}", f"stop-b-{round_}"
+        roots = [post(db, make_session(db), f"root {n}").run_id for n in range(16)]
+        held = {a: claim(db, a, max_runs=8), b: claim(db, b, max_runs=8)}
+        by_instance = {i: [c.run_id for c in runs] for i, runs in held.items()}
+        assert sorted(by_instance[a] + by_instance[b]) == sorted(roots)
+        # The children of b's roots first, so that a (claiming first) takes them: every tree
+        # crosses the two instances.
+        with db.write() as s:
+            for instance in (b, a):
+                for parent in by_instance[instance]:
+                    create_child_run(s, parent, agent_id="helper", input="sub",
+                                     executor_instance_id=instance)
+        assert len(claim(db, a, max_runs=8)) == 8 and len(claim(db, b, max_runs=8)) == 8
+
+        start, errors, ended = threading.Barrier(2), [], {}
+
+        def stop(instance: str, start=start, ended=ended, errors=errors) -> None:
+            start.wait()
+            try:
+                ended[instance] = DatabaseBackend(db, instance).interrupt_held(
+                    "executor_shutdown", [])
+            except Exception as exc:  # noqa: BLE001 - the assertion below names it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=stop, args=(i,)) for i in (a, b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        assert len(ended[a]) == len(ended[b]) == 16
+        for run_id in ended[a] + ended[b]:
+            assert_run_invariants(db, run_id)
+            assert run_row(db, run_id).status == "interrupted"
     assert_chains_ok(db)

@@ -6,6 +6,7 @@ database and its reconciler watches the remote worker's leases (short ones here)
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -18,6 +19,7 @@ from support.processes import (
     make_token,
     message_content,
     run,
+    runs,
     status,
     types,
     wait_for_status,
@@ -159,3 +161,149 @@ def test_worker_api_needs_a_token_and_an_http_url(db_url, procs):
     assert done.returncode != 0 and "--api and --token go together" in done.stderr
     done = procs.run(["worker", "--api", "ftp://x", "--token", "t"], env)
     assert done.returncode != 0 and "http:// or https://" in done.stderr
+
+
+@pytest.mark.parametrize("role", [None, "user", "viewer"])
+def test_a_worker_whose_token_the_server_refuses_exits_saying_so(db, db_url, cluster, procs,
+                                                                role):
+    """An unknown token (401) or one of another role (403) is a configuration mistake, not a
+    hiccup: the worker stops at once with one line on stderr and status 2, instead of retrying
+    forever."""
+    token = "al_not_a_token" if role is None else make_token(db_url, owner="someone", role=role)
+    done = procs.run(["worker", "--api", cluster["server"].base_url, "--token", token,
+                      "--instance-id", "refused"],
+                     procs.environment(UNUSABLE_DATABASE, **timing(SAFE_LEASE)), timeout=30)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    code = "unauthenticated" if role is None else "forbidden"
+    lines = [line for line in done.stderr.splitlines() if "agentledger worker:" in line]
+    assert len(lines) == 1 and f"refuses this token ({code}:" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+def _claims_answered(api) -> float:
+    text = api.call("GET", "/metrics", expect=200).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("agentledger_http_request_duration_seconds_count")
+               and 'route="/api/executor/claim"' in line)
+
+
+def test_an_idle_remote_worker_claims_without_polling_and_starts_a_run_at_once(db, cluster):
+    """The worker's claims wait on the server for work: an idle worker sends about one claim a
+    second (polling every 0.5 s sent two), and a run starts as it is queued, not at the next
+    poll. httpx's line per request stays out of the worker's log."""
+    api, worker = cluster["api"], cluster["worker"]
+    api.register_agent("echo", kind="echo")
+    proc = worker("remote-idle", concurrency=1)
+    before = _claims_answered(api)
+    time.sleep(4)
+    assert _claims_answered(api) - before <= 6  # 4-5 waits of a second; polling made 8
+    run_id = api.send(api.new_session("echo"), "ping")
+    wait_for_status(db, run_id, "succeeded", timeout=30)
+    row = run(db, run_id)
+    # Queued to claimed: the server's wake-up and one claim; a bound generous for a loaded
+    # machine (polling took up to 0.5 s).
+    assert (row.started_at - row.created_at).total_seconds() < 0.4, row
+    assert "HTTP Request" not in proc.log()
+
+
+def test_a_worker_polls_a_server_that_does_not_hold_claims():
+    """A server without ``wait_seconds`` (an older version) refuses the field: the worker claims
+    without it from then on and paces its claims itself, every 0.5 s."""
+    import httpx
+
+    from agentledger.client import ExecutorClient
+    from agentledger.worker.http_backend import HttpBackend
+
+    bodies: list[dict] = []
+
+    def older_server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if "wait_seconds" in body:
+            return httpx.Response(422, json={"error": {
+                "code": "validation_error", "message": "wait_seconds: is not an accepted field"}})
+        return httpx.Response(200, json={"runs": []})
+
+    client = ExecutorClient("http://ledger.test", "t", "old-server",
+                            transport=httpx.MockTransport(older_server))
+    backend = HttpBackend(client)
+    assert backend.notifier.queue_poll_seconds == 0  # the claims wait on the server
+    assert backend.claim(1, 30) == [] and backend.claim(1, 30) == []
+    assert [b.get("wait_seconds") for b in bodies] == [1.0, None, None]
+    assert backend.notifier.queue_poll_seconds == 0.5
+    started = time.monotonic()
+    backend.notifier.wait_for_queue(backend.notifier.queue_generation(), 5)
+    assert 0.4 < time.monotonic() - started < 2
+
+
+def test_an_unreachable_server_is_logged_once_not_once_a_claim(procs):
+    """The claim loop retries an unreachable server every second; its log says so once (and
+    every 30 s while it lasts), without a traceback per try."""
+    proc = procs.start("unreachable", ["worker", "--api", "http://127.0.0.1:1", "--token", "t",
+                                       "--instance-id", "lonely"],
+                       procs.environment(UNUSABLE_DATABASE))
+    proc.wait_for_log("claims failed")
+    time.sleep(4)  # about three more tries
+    proc.send(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    log = proc.log()
+    assert log.count("claims failed") == 1 and "still failing" not in log, log
+    assert "Traceback" not in log and "HTTP Request" not in log, log
+
+
+def test_sigterm_interrupts_every_run_the_worker_holds_parents_waiting_on_children_too(db, cluster):
+    """Parents waiting on their children (which run on the same worker) see the stop at once and
+    let go of their runs before the worker's loops have stopped; they are still the worker's to
+    end: every run it held ends ``executor_shutdown`` at once (not ``lease_expired`` a lease
+    later), with one terminal event, and the worker does not report them as lost."""
+    api, worker = cluster["api"], cluster["worker"]
+    api.register_agent("sleeper", params={"steps": [{"say": "on it "}, {"sleep": 60}]})
+    api.register_agent("boss", params={"steps": [
+        {"say": "splitting "}, {"delegate": [{"agent_id": "sleeper", "input": "a"},
+                                             {"agent_id": "sleeper", "input": "b"}]},
+        {"say": "joined"}]})
+    # Five slots: the four children take four (their waiting parents gave theirs back) and the
+    # claim loop waits on the server with the fifth when the worker is told to stop.
+    proc = worker("remote-s", concurrency=5)
+    parents = [api.send(api.new_session("boss"), f"task {i}") for i in range(2)]
+
+    def held():
+        nodes = [n for p in parents for n in runs(db, root_run_id=p)]
+        children = [n for n in nodes if n.parent_run_id is not None]
+        if len(children) == 4 and all("message.delta" in types(db, c.id) for c in children):
+            return [n.id for n in nodes]
+        return None
+
+    run_ids = wait_until(held, timeout=30)
+    assert [status(db, r) for r in run_ids] == ["running"] * 6
+    proc.send(signal.SIGTERM)
+    told = time.monotonic()
+    wait_terminal(db, run_ids, timeout=SAFE_LEASE / 2)
+    assert time.monotonic() - told < SAFE_LEASE / 2
+    assert proc.wait(15) == 0
+    for run_id in run_ids:
+        terminal = assert_one_terminal_event(db, run_id)
+        assert terminal.data == {"reason": "executor_shutdown", "executor_instance_id": "remote-s"}
+    log = proc.log()
+    assert "stopped; 6 run(s) interrupted (executor_shutdown)" in log, log
+    assert "no longer ours" not in log and "could not record" not in log, log
+
+
+def test_a_run_goes_on_when_its_server_restarts_while_it_works(db, db_url, cluster, procs):
+    """The server is killed while a remote worker's run sleeps, and is back a few seconds
+    later: the write the run makes meanwhile never reached the server, so it is tried again
+    until the server answers, and the run ends as it would have, with every word of it."""
+    api, worker = cluster["api"], cluster["worker"]
+    api.register_agent("patient", params={"steps": [
+        {"say": "one "}, {"sleep": 1}, {"say": "two "}, {"sleep": 1}, {"say": "three"}]})
+    worker("remote-patient", concurrency=1)
+    run_id = api.send(api.new_session("patient"), "go")
+    wait_until(lambda: "message.delta" in types(db, run_id), timeout=30)
+    server = cluster["server"]
+    server.kill_group()
+    server.wait(10)
+    time.sleep(3)  # "two " is written while the server is down
+    procs.serve(db_url, port=server.port, **timing(SAFE_LEASE))
+    wait_terminal(db, [run_id], timeout=60)
+    assert status(db, run_id) == "succeeded", assert_one_terminal_event(db, run_id).data
+    assert message_content(db, run(db, run_id).final_message_id) == "one two three"

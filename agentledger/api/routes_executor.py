@@ -6,6 +6,8 @@ face of exactly that code path.
 
 from __future__ import annotations
 
+import time
+
 from flask import jsonify
 
 from agentledger.api import api
@@ -26,9 +28,14 @@ EXECUTORS = ("executor", "admin")
            tag="executor")
 def executor_claim(body: ClaimBody, raw_body):
     settings = state().settings
+    notifier = state().notifier
+    # Read before the claim, so that a run queued while it runs ends the wait at once.
+    seen = notifier.queue_generation() if body.wait_seconds else 0
     with state().db.write() as s:
         claimed = claim_runs(s, body.executor_instance_id, max_runs=body.max_runs,
                              lease_seconds=body.lease_seconds or settings.lease_seconds)
+    if not claimed and body.wait_seconds:
+        _wait_for_the_queue(seen, body.wait_seconds)
     return jsonify({"runs": [
         {
             "run_id": c.run_id,
@@ -44,6 +51,20 @@ def executor_claim(body: ClaimBody, raw_body):
         }
         for c in claimed
     ]})
+
+
+def _wait_for_the_queue(seen: int, seconds: float) -> None:
+    """Until a run is queued or a thread's run ends (either may make a run claimable), or
+    ``seconds`` pass. Nothing is claimed after the wait: a server cannot tell that the caller
+    went away meanwhile (a worker stopping), and a run claimed for nobody would wait for its
+    lease to expire and end interrupted. The caller claims again instead, one request more per
+    wake-up. An executor over HTTP thus starts a run within milliseconds of its queueing, not
+    at its next poll."""
+    notifier = state().notifier
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if notifier.wait_for_queue(seen, left) != seen:
+            return
 
 
 @api.route("/executor/runs/<run_id>/heartbeat", "POST", summary="Extend the lease",

@@ -20,7 +20,7 @@ from agentledger.core.database import Database
 from agentledger.core.notifier import EventNotifier
 from ingest.events import AppendResult, append_events_alone
 from ingest.leases import ClaimedRun, Heartbeat, claim_runs, heartbeat
-from ingest.reconcile import interrupt_executor_runs
+from ingest.reconcile import executor_run_ids, interrupt_executor_run
 from ingest.runs import create_child_run
 from queries.run_states import run_states_read
 from queries.thread_history import as_turns, thread_history
@@ -104,9 +104,18 @@ class DatabaseBackend:
 
     def interrupt_held(self, reason: str, held: list[str]) -> list[str]:
         """Every unfinished run leased to this instance (``held`` or not: also those a previous
-        incarnation of it left)."""
-        with self.db.write() as s:
-            return interrupt_executor_runs(s, self.instance_id, reason=reason)
+        incarnation of it left), one transaction each. In one transaction, two instances that
+        stop or start at once deadlocked: each had ended some runs of trees the other holds
+        runs of (and so held their rows and the interruption count's) and waited for a row the
+        other held; on ``serve`` the deadlock made a worker process fail to boot."""
+        with self.db.read(primary=True) as s:
+            run_ids = executor_run_ids(s, self.instance_id)
+        ended = []
+        for run_id in run_ids:
+            with self.db.write() as s:
+                if interrupt_executor_run(s, run_id, self.instance_id, reason=reason):
+                    ended.append(run_id)
+        return ended
 
     def memory(self, run_id: str) -> MemoryPort | None:
         return None  # the kinds open their frameworks' storage on the database themselves
@@ -114,10 +123,13 @@ class DatabaseBackend:
 
 class PollingNotifier:
     """A notifier without a database: waits end on ``signal`` (a stopping executor) or after
-    ``poll_seconds``, so that an executor over HTTP polls at that pace."""
+    ``poll_seconds``, so that an executor over HTTP polls at that pace. ``queue_poll_seconds``
+    (default: the same) paces the claim loop; 0 when the claims themselves wait on the
+    server."""
 
-    def __init__(self, poll_seconds: float = 0.5):
+    def __init__(self, poll_seconds: float = 0.5, *, queue_poll_seconds: float | None = None):
         self.poll_seconds = poll_seconds
+        self.queue_poll_seconds = poll_seconds if queue_poll_seconds is None else queue_poll_seconds
         self._changed = threading.Condition()
         self._generation = 0
 
@@ -126,8 +138,9 @@ class PollingNotifier:
             self._generation += 1
             self._changed.notify_all()
 
-    def _wait(self, seen: int, timeout: float) -> int:
-        deadline = time.monotonic() + max(0.0, min(timeout, self.poll_seconds))
+    def _wait(self, seen: int, timeout: float, period: float | None = None) -> int:
+        period = self.poll_seconds if period is None else period
+        deadline = time.monotonic() + max(0.0, min(timeout, period))
         with self._changed:
             while self._generation == seen:
                 remaining = deadline - time.monotonic()
@@ -141,7 +154,7 @@ class PollingNotifier:
             return self._generation
 
     def wait_for_queue(self, seen: int, timeout: float) -> int:
-        return self._wait(seen, timeout)
+        return self._wait(seen, timeout, self.queue_poll_seconds)
 
     def subscribe(self, key: str) -> None:
         pass

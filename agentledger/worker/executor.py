@@ -40,16 +40,19 @@ from agentledger.core.database import Database
 from agentledger.core.dialect import QUEUE_CHANNEL
 from agentledger.core.errors import (
     CancelRequested,
+    Forbidden,
     IllegalTransition,
     LeaseLost,
     LedgerError,
     RunTerminal,
+    Unauthenticated,
     UnknownAgent,
     ValidationFailed,
 )
 from agentledger.core.notifier import EventNotifier
 from agentledger.core.vocabulary import PROGRESS_EVENTS, TERMINAL
 from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
+from agentledger.worker.failures import Failing, database_failure, error_name
 from agentledger.worker.run_threads import RunThreads
 from ingest.event_types import validated_data
 from ingest.leases import ClaimedRun
@@ -82,6 +85,8 @@ class _Active:
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # What the flusher's write of this run raised, for the agent's thread to raise next.
     write_error: BaseException | None = None
+    # Set once the run's terminal event is written: nothing is left to interrupt.
+    ended: bool = False
 
 
 class Executor:
@@ -105,10 +110,15 @@ class Executor:
         self._active: dict[str, _Active] = {}
         self._active_lock = threading.Lock()
         self._stopping = threading.Event()
+        # Once stopping: every run held when the stop began or claimed since, unended, also
+        # after its thread let go of it (``stop`` interrupts them all).
+        self._leaving: dict[str, _Active] = {}
         self._threads: list[threading.Thread] = []
         self._flush_kick = threading.Event()
         self._run_threads = RunThreads()
         self.started_runs = 0
+        # Set when the ledger refused this executor's token: it claims nothing more.
+        self.refusal: LedgerError | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -127,7 +137,12 @@ class Executor:
 
     def stop(self, *, reason: str = "executor_shutdown", timeout: float = 5.0) -> list[str]:
         """Stop claiming, end this instance's unfinished runs ``interrupted``, and return them."""
-        self._stopping.set()
+        with self._active_lock:
+            # Taken with the flag set under the lock, before any run sees the stop: a run that
+            # lets go of its run on seeing it (a parent waiting on its children, an agent at
+            # its next write) still holds its lease, and is interrupted below with the others.
+            self._stopping.set()
+            self._leaving.update(self._active)
         # Wake the claim loop (it may be waiting up to a second for a queue notification) and
         # any slot waiter, so that stopping takes milliseconds, not a fallback period.
         self.notifier.signal(QUEUE_CHANNEL, "executor-stopping")
@@ -137,8 +152,10 @@ class Executor:
         for thread in self._threads:
             thread.join(timeout)
         with self._active_lock:
-            held = list(self._active)
-            actives = list(self._active.values())
+            self._leaving.update(self._active)  # claimed while the claim loop stopped
+            actives = [a for a in self._leaving.values() if not a.ended]
+            self._leaving.clear()
+            held = [a.run_id for a in actives]
             for active in actives:
                 active.dropped.set()
         for active in actives:  # what the runs emitted is written before they are interrupted
@@ -182,6 +199,7 @@ class Executor:
     # ---- claiming ------------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
+        failing = Failing("claims")
         while not self._stopping.is_set():
             reserved = self._reserve(self.concurrency)
             if reserved == 0:
@@ -191,8 +209,18 @@ class Executor:
             seen = self.notifier.queue_generation()
             try:
                 claimed = self.backend.claim(reserved, self.settings.lease_seconds)
-            except Exception:  # noqa: BLE001 - keep claiming after a database hiccup
-                log.exception("claim failed; retrying")
+                failing.passed()
+            except (Unauthenticated, Forbidden) as exc:
+                # Not a hiccup: the ledger server refuses this executor's token (unknown,
+                # revoked, or not an executor's). Claiming on would repeat the refusal forever;
+                # whoever runs the executor is told (``refusal``) and decides.
+                self._release(reserved)
+                self.refusal = exc
+                log.error("%s: the ledger refuses this executor's claims (%s: %s); it claims "
+                          "no more runs", self.instance_id, exc.code, exc.message)
+                return
+            except Exception as exc:  # noqa: BLE001 - keep claiming after a database hiccup
+                failing.failed_with(exc)  # the ledger unreachable, its database, or a bug
                 claimed = []
                 self._stopping.wait(1.0)
             if reserved > len(claimed):
@@ -256,18 +284,32 @@ class Executor:
             except LedgerError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an agent's bug fails its run, not the worker
+                if database_failure(exc) is not None:
+                    raise  # not the agent's bug: the run is let go of below
                 log.exception("agent of run %s raised", run.run_id)
                 self._end(active, "run.failed",
                           {"error": {"code": "agent_exception", "message": f"{type(exc).__name__}: {exc}"}})
         except (_Dropped, LeaseLost, RunTerminal) as exc:
-            log.warning("dropping run %s: %s", run.run_id, getattr(exc, "message", "no longer ours"))
+            if self._stopping.is_set():
+                # ``stop`` records the run interrupted (it ended otherwise: nothing to record).
+                log.info("run %s: left as the executor stops", run.run_id)
+            else:
+                log.warning("dropping run %s: %s", run.run_id,
+                            getattr(exc, "message", "no longer ours"))
         except LedgerError as exc:
             log.error("run %s: write refused: %s", run.run_id, exc.message)
-        except Exception:  # noqa: BLE001
-            log.exception("run %s: executor error", run.run_id)
+        except Exception as exc:  # noqa: BLE001
+            failure = database_failure(exc)
+            if failure is None:
+                log.exception("run %s: executor error", run.run_id)
+            else:
+                log.warning("dropping run %s: the database failed (%s); its lease expires and "
+                            "the reconciler ends it interrupted", run.run_id, error_name(failure))
         finally:
             with self._active_lock:
                 self._active.pop(run.run_id, None)
+                if self._stopping.is_set() and not active.ended:
+                    self._leaving[run.run_id] = active
             # Work the agent left running when the run was cancelled (agent_kinds'
             # framework_thread) can write nothing more, but still occupies this executor: the
             # slot is given back when it ends, so the concurrency stays what it says.
@@ -286,6 +328,7 @@ class Executor:
             except CancelRequested:
                 # Cancelled while finishing: the cancel wins; confirm it instead of completing.
                 self._write_with_pending(active, [("run.cancelled", {"external_stop_confirmed": True})])
+            active.ended = True
 
     def _append(self, active: _Active, events: list[tuple[str, dict]]):
         result = self.backend.append(active.run_id, events)
@@ -452,6 +495,7 @@ class Executor:
     # ---- leases and cancel detection -----------------------------------------------------
 
     def _monitor_loop(self) -> None:
+        failing = Failing("the lease monitor")
         while not self._stopping.wait(MONITOR_PERIOD):
             with self._active_lock:
                 actives = list(self._active.values())
@@ -460,8 +504,9 @@ class Executor:
             try:
                 self._poll_statuses(actives)
                 self._heartbeat_due(actives)
-            except Exception:  # noqa: BLE001 - the next period tries again
-                log.exception("lease monitor pass failed")
+                failing.passed()
+            except Exception as exc:  # noqa: BLE001 - the next period tries again
+                failing.failed_with(exc)
 
     def _poll_statuses(self, actives: list[_Active]) -> None:
         status = self.backend.run_states([a.run_id for a in actives])

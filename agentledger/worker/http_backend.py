@@ -34,6 +34,14 @@ TERMINAL_STATUS = {"run.completed": "succeeded", "run.failed": "failed",
                    "run.cancelled": "cancelled", "run.interrupted": "interrupted"}
 log = logging.getLogger("agentledger.executor")
 _CLAIMED_FIELDS = {f.name for f in dataclasses.fields(ClaimedRun)}
+# How long an empty claim waits on the server for work. It bounds how late a missed
+# notification starts a run, and how long stopping waits for the claim in flight (a waiting
+# claim takes no run); an idle worker claims about once per period.
+CLAIM_WAIT_SECONDS = 1.0
+# How long a run's write that cannot reach the server is tried again. Below the default lease
+# (30 s), which a server back within it still holds for the run; the run's thread waits
+# meanwhile, as it would for a slow answer.
+APPEND_UNSENT_SECONDS = 20.0
 
 
 def _ledger_errors() -> dict[str, type[LedgerError]]:
@@ -105,14 +113,31 @@ class HttpMemory:
 
 
 class HttpBackend:
-    def __init__(self, client: ExecutorClient, *, poll_seconds: float = 0.5):
+    """Claims wait on the server for work (``wait_seconds``), so the claim loop does not poll;
+    a server that does not know the field (an older version) is polled every ``poll_seconds``."""
+
+    def __init__(self, client: ExecutorClient, *, poll_seconds: float = 0.5,
+                 claim_wait_seconds: float = CLAIM_WAIT_SECONDS):
         self.client = client
         self.instance_id = client.instance_id
-        self.notifier = PollingNotifier(poll_seconds)
+        self.claim_wait_seconds = claim_wait_seconds
+        self.notifier = PollingNotifier(
+            poll_seconds, queue_poll_seconds=0 if claim_wait_seconds else None)
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:
-        with _as_ledger_errors():
-            return [claimed_run(r) for r in self.client.claim(max_runs, lease_seconds=lease_seconds)]
+        try:
+            with _as_ledger_errors():
+                found = self.client.claim(max_runs, lease_seconds=lease_seconds,
+                                          wait_seconds=self.claim_wait_seconds or None)
+        except (InvalidRequest, ValidationFailed) as exc:
+            if not self.claim_wait_seconds or "wait_seconds" not in exc.message:
+                raise
+            log.info("the ledger server does not hold claims (%s); polling every %.1f s",
+                     exc.message, self.notifier.poll_seconds)
+            self.claim_wait_seconds = 0
+            self.notifier.queue_poll_seconds = self.notifier.poll_seconds
+            return self.claim(max_runs, lease_seconds)
+        return [claimed_run(r) for r in found]
 
     def history(self, run_id: str) -> list[dict]:
         # The claim answer always carries the turns (CONTRACT §7), so the executor never asks.
@@ -124,8 +149,11 @@ class HttpBackend:
         return Heartbeat(datetime.fromisoformat(beat["lease_expires_at"]), beat["cancel_requested"])
 
     def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
+        # A run's write that could not reach the server is repeated for a while (it certainly
+        # never arrived): a server restarting, or a connection refused for a few seconds, no
+        # longer drops the run to end at its lease's expiry with what it said so far lost.
         with _as_ledger_errors():
-            done = self.client.append(run_id, events)
+            done = self.client.append(run_id, events, unsent_seconds=APPEND_UNSENT_SECONDS)
         ending = TERMINAL_STATUS.get(events[-1][0]) if events else None
         status = ending or ("cancelling" if done["cancel_requested"] else "running")
         return AppendResult(run_id, done["seqs"], status, done["cancel_requested"])

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 
 from agentledger.agent_kinds.storage import setup_framework_storage
@@ -68,13 +69,23 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
 
 def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurrency: int,
                        api_url: str | None, token: str | None) -> int:
-    from agentledger.client import ExecutorClient
+    from agentledger.client import ApiError, ExecutorClient
 
     if not api_url or not token:
         raise SystemExit("--api and --token go together (an executor token for that server)")
     if not api_url.startswith(("http://", "https://")):
         raise SystemExit(f"--api must be an http:// or https:// URL, got {api_url!r}")
     tune_for_long_running_process()
+    # One line per claim at INFO (httpx logs every request): twice a second of noise while idle.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     with ExecutorClient(api_url, token, instance_id or default_instance_id()) as client:
-        client.run_forever(concurrency, settings=settings)
+        try:
+            client.run_forever(concurrency, settings=settings)
+        except ApiError as exc:
+            if exc.code not in ("unauthenticated", "forbidden"):
+                raise
+            print(f"agentledger worker: {api_url} refuses this token ({exc.code}: "
+                  f"{exc.message}); --token must be a valid token of role executor",
+                  file=sys.stderr, flush=True)
+            return 2
     return 0

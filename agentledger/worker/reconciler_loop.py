@@ -22,6 +22,7 @@ from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.errors import LedgerError
 from agentledger.core.event_partitions import ensure_partitions
+from agentledger.worker.failures import Failing
 from ingest.otlp import flush_quiet_traces
 from ingest.rate_limits import prune_windows
 from ingest.reconcile import (
@@ -115,33 +116,45 @@ class ReconcilerThread(threading.Thread):
         self.db = db
         self.interval = settings.reconcile_seconds
         self.otlp_quiet_seconds = settings.otlp_quiet_seconds
+        self.otlp_settle_seconds = settings.otlp_settle_seconds
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         partitions_checked = folded = None
+        # A database that is down fails every task of every pass: one line each when it
+        # starts and when it passes, not a traceback (with SQL text) per task and pass.
+        partitions = Failing("making run_event partitions", log)
+        passes = Failing("the reconcile pass", log)
+        traces = Failing("writing waiting OTLP traces", log)
+        rollups = Failing("pruning or folding the outcome rollups", log)
         while not self._stop_event.is_set():
             if partitions_checked is None or time.monotonic() - partitions_checked > PARTITION_CHECK_SECONDS:
                 try:
                     with self.db.write() as s:
                         ensure_partitions(s.connection())
                     partitions_checked = time.monotonic()
-                except Exception:  # noqa: BLE001 - e.g. a lock not granted in time: next period
-                    log.exception("making run_event partitions failed; retrying next period")
+                    partitions.passed()
+                except Exception as exc:  # noqa: BLE001 - e.g. a lock not granted in time: next period
+                    partitions.failed_with(exc)
             try:
                 reconcile_once(self.db)
-            except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
-                log.exception("reconcile pass failed; retrying next period")
+                passes.passed()
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not kill the loop
+                passes.failed_with(exc)
             try:
-                flush_quiet_traces(self.db, quiet_seconds=self.otlp_quiet_seconds)
-            except Exception:  # noqa: BLE001 - as above
-                log.exception("writing quiet OTLP traces failed; retrying next period")
+                flush_quiet_traces(self.db, quiet_seconds=self.otlp_quiet_seconds,
+                                   settle_seconds=self.otlp_settle_seconds)
+                traces.passed()
+            except Exception as exc:  # noqa: BLE001 - as above
+                traces.failed_with(exc)
             if folded is None or time.monotonic() - folded > FOLD_SECONDS:
                 try:
                     prune_rollup_minutes(self.db)
                     fold_rollup_shards(self.db)
                     folded = time.monotonic()
-                except Exception:  # noqa: BLE001 - as above
-                    log.exception("pruning or folding the outcome rollups failed; retrying next period")
+                    rollups.passed()
+                except Exception as exc:  # noqa: BLE001 - as above
+                    rollups.failed_with(exc)
             self._stop_event.wait(self.interval)
 
     def stop(self) -> None:
@@ -165,6 +178,9 @@ def run_reconciler(settings: Settings, *, once: bool) -> int:
             print(f"deleted {prune_rollup_minutes(db)} minute rollup row(s) older than the "
                   "minutes kept")
             print(f"folded {fold_rollup_shards(db)} outcome rollup shard row(s)")
+            recorded = flush_quiet_traces(db, quiet_seconds=settings.otlp_quiet_seconds,
+                                          settle_seconds=settings.otlp_settle_seconds)
+            print(f"recorded {recorded} run(s) from waiting OTLP traces")
             return 0
         thread = ReconcilerThread(db, settings)
         signal.signal(signal.SIGTERM, lambda *_: thread.stop())
