@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import event, select
@@ -18,7 +19,7 @@ from support.ledger import assert_chains_ok
 from support.statements import statements_sent
 
 from agentledger.core.schema import AgentRun, OtlpSpan
-from ingest.otlp import receive_spans
+from ingest.otlp import flush_quiet_traces, receive_spans
 from ingest.otlp.record import NOT_RECORDED
 from ingest.otlp.wire import ReceivedSpan
 
@@ -194,3 +195,66 @@ class _in_thread:
         self.thread.join(timeout=30)
         assert self.outcome is not None
         return self.outcome
+
+
+# ---- a settle period: spans of a trace in any order, the top agent span first included -------
+
+
+def _events_of(db, run_id: str) -> list[str]:
+    from agentledger.core.schema import RunEvent
+
+    with db.read() as s:
+        return list(s.execute(select(RunEvent.type).where(RunEvent.run_id == run_id)
+                              .order_by(RunEvent.seq)).scalars())
+
+
+def _root_run(db, trace: str) -> str | None:
+    return claims(db, trace).get("a" * 16)
+
+
+def test_without_a_settle_period_a_top_agent_span_sent_first_is_recorded_at_once(db):
+    """The default: a top agent span whose chain is complete (here the trace's root) is
+    written when it arrives; its model and tool spans sent afterwards are late."""
+    trace = trace_id(40)
+    root, chat, tool = whole_trace(trace)
+    assert receive_spans(db, "alice", [root]).runs_written == 1
+    late = receive_spans(db, "alice", [chat, tool])
+    assert late.runs_written == 0 and late.rejected == 2
+    assert _events_of(db, _root_run(db, trace)) == ["run.queued", "run.started",
+                                                     "run.completed"]
+
+
+def test_with_a_settle_period_spans_in_any_order_make_one_whole_run(db):
+    """``settle_seconds``: nothing is written as spans arrive; once the trace received nothing
+    for that long the reconciler's flush writes it whole, whichever span came first."""
+    first_root, last_root = trace_id(41), trace_id(42)
+    root, chat, tool = whole_trace(first_root)
+    for batch in ([root], [tool], [chat]):  # the top agent span first
+        assert receive_spans(db, "alice", batch, settle_seconds=0.5).runs_written == 0
+    root2, chat2, tool2 = whole_trace(last_root)
+    assert receive_spans(db, "alice", [chat2, tool2, root2],  # a whole trace in one export
+                         settle_seconds=0.5).runs_written == 0
+    assert flush_quiet_traces(db, settle_seconds=5) == 0  # not quiet that long yet
+    assert _root_run(db, first_root) is None
+    time.sleep(0.6)
+    assert flush_quiet_traces(db, settle_seconds=0.5) == 2
+    for trace in (first_root, last_root):
+        run_id = _root_run(db, trace)
+        assert set(claims(db, trace).values()) == {run_id}
+        assert _events_of(db, run_id) == ["run.queued", "run.started", "usage", "tool.call",
+                                          "tool.result", "run.completed"]
+    assert flush_quiet_traces(db, settle_seconds=0.5) == 0  # written once
+    late = receive_spans(db, "alice", [second_call(first_root)], settle_seconds=0.5)
+    assert late.rejected == 1  # after the run was written: late, as without a settle period
+    assert_chains_ok(db)
+
+
+def test_a_settled_trace_missing_its_root_waits_for_the_quiet_period(db):
+    """A settle period writes complete trees only; a top agent span whose parent never came
+    waits, as without one, until the trace is quiet (then it is a root run)."""
+    trace = trace_id(43)
+    orphan = _span(trace, "e" * 16, "f" * 16, AGENT, 0, 100)  # its parent never arrives
+    assert receive_spans(db, "alice", [orphan], settle_seconds=0.2).runs_written == 0
+    time.sleep(0.3)
+    assert flush_quiet_traces(db, settle_seconds=0.2, quiet_seconds=30) == 0
+    assert flush_quiet_traces(db, settle_seconds=0.2, quiet_seconds=0.25) == 1

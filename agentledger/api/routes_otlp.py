@@ -40,8 +40,10 @@ def otlp_traces():
     export, kind = decode_export(body, request.content_type,
                                  request.headers.get("Content-Encoding"))
     spans, malformed = spans_of(export)
+    settings = state().settings
     outcome = receive_spans(state().db, g.principal.owner_id, spans,
-                            quiet_seconds=state().settings.otlp_quiet_seconds)
+                            quiet_seconds=settings.otlp_quiet_seconds,
+                            settle_seconds=settings.otlp_settle_seconds)
     rejected = outcome.rejected + malformed
     messages = list(outcome.messages)
     if malformed:

@@ -256,10 +256,13 @@ def _build(root: _Span, rows: list[_Span], agents: set[str]) -> _Node:
     return top
 
 
-def _trees(rows: list[_Span], *, quiet: bool) -> list[_Node]:
+def _trees(rows: list[_Span], *, quiet: bool, settled: bool = True) -> list[_Node]:
     """The run trees of one trace's spans that are ready to be written (see ``_tops``)."""
+    if not (settled or quiet):
+        return []
     agents = _agent_spans(rows)
-    return [_build(top, rows, agents) for top in _tops(rows, agents, quiet=quiet)]
+    return [_build(top, rows, agents)
+            for top in _tops(rows, agents, quiet=quiet, settled=settled)]
 
 
 def _nodes(node: _Node):
@@ -630,6 +633,12 @@ def _quiet(rows: list[_Span], now: datetime, quiet_seconds: float) -> bool:
         seconds=quiet_seconds)
 
 
+def _at_rest(rows: list[_Span], now: datetime, settle_seconds: float) -> bool:
+    """The trace's complete trees may be written: at once without a settle period (as its
+    spans arrive), else once it received nothing for ``settle_seconds``."""
+    return settle_seconds <= 0 or _quiet(rows, now, settle_seconds)
+
+
 def _stored_counts(session: Session, trace_ids: set[str]) -> dict[str, int]:
     """How many spans of each of these traces are stored (0 for none)."""
     if dialect.name(session) == "postgresql":
@@ -641,12 +650,16 @@ def _stored_counts(session: Session, trace_ids: set[str]) -> dict[str, int]:
     return {t: stored.get(t, 0) for t in trace_ids}
 
 
-def _tops(rows: list[_Span], agents: set[str], *, quiet: bool) -> list[_Span]:
+def _tops(rows: list[_Span], agents: set[str], *, quiet: bool,
+          settled: bool = True) -> list[_Span]:
     """The spans of one trace that are ready to be written as root runs (``agents``: its agent
-    spans that are runs); in a ``quiet`` trace also the top agent spans whose chain up to the
-    root is incomplete. A trace without agent spans is one run, its root span's, when a span of
-    it is a model or tool span or the root span carries a GenAI or OpenInference attribute
-    itself; a trace with none of these (a plain HTTP trace) never becomes a run."""
+    spans that are runs): in a ``settled`` trace the top agent spans whose chain reaches the
+    root, in a ``quiet`` one also those whose chain is incomplete. A trace without agent spans
+    is one run, its root span's, when a span of it is a model or tool span or the root span
+    carries a GenAI or OpenInference attribute itself; a trace with none of these (a plain HTTP
+    trace) never becomes a run."""
+    if not (settled or quiet):
+        return []
     by_id = {r.span_id: r for r in rows}
     tops = []
     for row in rows:
@@ -746,14 +759,15 @@ def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, l
 
 
 def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: float,
-                  *, force: bool = False) -> int:
+                  *, force: bool = False, settle_seconds: float = 0.0) -> int:
     """Write every run tree of the trace that is ready; returns how many runs were written."""
     written = 0
     for _attempt in range(5):
         with db.read(primary=True) as s:
             rows = _trace_rows(s, [trace_id]).get(trace_id, [])
             trees = [(top, len(rows)) for top in _trees(
-                rows, quiet=force or _quiet(rows, now, quiet_seconds))]
+                rows, quiet=force or _quiet(rows, now, quiet_seconds),
+                settled=_at_rest(rows, now, settle_seconds))]
             looked_up = _read_known(s, trees)
         if not trees:
             break
@@ -770,7 +784,8 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
 
 
 def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_seconds: float,
-                   known: dict | None = None) -> tuple[int, set[str]]:
+                   known: dict | None = None, *,
+                   settle_seconds: float = 0.0) -> tuple[int, set[str]]:
     """All ready trees of these traces in one transaction; when another server got in the way
     (a tree claimed, or spans added meanwhile), trace by trace instead (re-read in full).
 
@@ -780,7 +795,8 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
     with db.read(primary=True) as s:  # one read transaction: the spans, then their agents
         by_trace = _trace_rows(s, trace_ids, known)
         trees = [(top, len(rows)) for rows in by_trace.values()
-                 for top in _trees(rows, quiet=_quiet(rows, now, quiet_seconds))]
+                 for top in _trees(rows, quiet=_quiet(rows, now, quiet_seconds),
+                                   settled=_at_rest(rows, now, settle_seconds))]
         looked_up = _read_known(s, trees) if trees else None
     if looked_up is None:
         return 0, set()
@@ -788,7 +804,8 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
         written = _write_trees(db, trees, looked_up)
         if written:
             return written, _settled(by_trace, trees, known or {})
-    return sum(process_trace(db, t, now, quiet_seconds) for t in sorted(by_trace)), set()
+    return sum(process_trace(db, t, now, quiet_seconds, settle_seconds=settle_seconds)
+               for t in sorted(by_trace)), set()
 
 
 def _settled(by_trace: dict[str, list[_Span]], trees: list[tuple[_Node, int]],
@@ -844,15 +861,18 @@ def _mark_late(db: Database, trace_ids: set[str], new: set[tuple[str, str]],
 
 
 def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
-                  quiet_seconds: float = DEFAULT_QUIET_SECONDS) -> ExportOutcome:
+                  quiet_seconds: float = DEFAULT_QUIET_SECONDS,
+                  settle_seconds: float = 0.0) -> ExportOutcome:
     """Store an export's spans and write the runs that became ready: in one transaction when
-    the export holds whole new traces, else the spans first, then the trees they complete."""
+    the export holds whole new traces, else the spans first, then the trees they complete.
+    With ``settle_seconds`` nothing is written here: every trace waits until it received
+    nothing for that long, and the reconciler's ``flush_quiet_traces`` writes it."""
     outcome = ExportOutcome(received=len(spans))
     rows, refusals = span_rows(owner_id, spans, db.redactor)
     outcome.rejected += len(refusals)
     outcome.messages += refusals
     firsts = _first_copies(rows)  # a span sent twice in one export is stored as its first copy
-    trees = _whole_traces(firsts)
+    trees = None if settle_seconds > 0 else _whole_traces(firsts)
     if trees is not None:
         written = _write_whole_traces(db, firsts, trees)
         if written is not None:
@@ -873,7 +893,8 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
         # The rows just stored are handed on rather than read back.
         fresh = set(new)
         known = {key: row for key, row in firsts.items() if key in fresh}
-        written, settled = process_traces(db, traces, now, quiet_seconds, known)
+        written, settled = process_traces(db, traces, now, quiet_seconds, known,
+                                          settle_seconds=settle_seconds)
         outcome.runs_written += written
         traces -= settled
     if traces:
@@ -975,10 +996,13 @@ def _lock_traces(session: Session, trace_ids: set[str], *, exclusive: bool) -> N
 
 
 def flush_quiet_traces(db: Database, *, quiet_seconds: float = DEFAULT_QUIET_SECONDS,
-                       limit: int = 100) -> int:
+                       settle_seconds: float = 0.0, limit: int = 100) -> int:
     """Traces quiet for ``quiet_seconds`` whose top agent span never showed its parent: write
-    their top agent spans as root runs; spans left over are marked not recorded. Returns the
-    number of runs written (the reconciler loop calls this)."""
+    their top agent spans as root runs; spans left over are marked not recorded. With
+    ``settle_seconds``, first every trace quiet for that long: its complete trees, which
+    ``receive_spans`` left waiting. Returns the number of runs written (the reconciler loop
+    calls this)."""
+    written = _flush_settled(db, settle_seconds, quiet_seconds, limit) if settle_seconds > 0 else 0
     with db.read(primary=True) as s:
         now = dialect.now(s)
         cutoff = now - timedelta(seconds=quiet_seconds)
@@ -987,9 +1011,33 @@ def flush_quiet_traces(db: Database, *, quiet_seconds: float = DEFAULT_QUIET_SEC
             .group_by(OtlpSpan.trace_id)
             .having(func.max(OtlpSpan.received_at) <= cutoff).limit(limit)
         ).scalars().all()
-    written = 0
     for trace_id in waiting:
         written += process_trace(db, trace_id, now, quiet_seconds, force=True)
     if waiting:
         _mark_late(db, set(waiting), set(), force=True)
     return written
+
+
+def _flush_settled(db: Database, settle_seconds: float, quiet_seconds: float,
+                   page_size: int) -> int:
+    """The complete trees of every trace with spans waiting that received nothing for
+    ``settle_seconds``, a page of traces per transaction. Every such trace is looked at in each
+    pass (a trace still missing its root is looked at again until it is quiet), so that a
+    trace waiting for its root never holds back one that is ready."""
+    written, after = 0, ""
+    while True:
+        with db.read(primary=True) as s:
+            now = dialect.now(s)
+            page = s.execute(
+                select(OtlpSpan.trace_id)
+                .where(OtlpSpan.run_id.is_(None), OtlpSpan.trace_id > after)
+                .group_by(OtlpSpan.trace_id)
+                .having(func.max(OtlpSpan.received_at)
+                        <= now - timedelta(seconds=settle_seconds))
+                .order_by(OtlpSpan.trace_id).limit(page_size)
+            ).scalars().all()
+        if not page:
+            return written
+        written += process_traces(db, set(page), now, quiet_seconds,
+                                  settle_seconds=settle_seconds)[0]
+        after = page[-1]
