@@ -180,25 +180,25 @@ def cmd_demo_seed(args, settings: Settings) -> int:
     return seed_command(settings, runs=args.runs, days=args.days, seed=args.seed)
 
 
-def _at_least_one(text: str) -> int:
-    """A count or size option: a whole number, 1 or more."""
+def _whole_number(text: str, low: int, high: int | None = None, *, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if high is None and value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    if high is not None and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be {what} from {low} to {high}, got {value}")
     return value
+
+
+def _at_least_one(text: str) -> int:
+    """A count or size option: a whole number, 1 or more."""
+    return _whole_number(text, 1, what="a whole number")
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
-    return value
+    return _whole_number(text, 1, 65535, what="a port number")
 
 
 def _days(text: str) -> float:

@@ -109,13 +109,13 @@ def test_an_empty_claim_waits_for_work_and_never_claims_after_waiting(api, chat)
 
     poster = threading.Thread(target=post_later)
     poster.start()
-    found, took = _claim(api, "waiter", wait_seconds=10)
+    found, took = _claim(api, "waiter", wait_seconds=5)
     poster.join()
-    assert found == [] and 0.35 <= took < 5, took  # woken by the run, long before 10 s
+    assert found == [] and 0.35 <= took < 4, took  # woken by the run, long before 5 s
     run = api.get(f"/api/agent-runs/{posted['run_id']}", api.alice).json()
     assert run["status"] == "queued"
-    found, took = _claim(api, "waiter", wait_seconds=10)
-    assert [r["run_id"] for r in found] == [posted["run_id"]] and took < 5  # no wait: claimed
+    found, took = _claim(api, "waiter", wait_seconds=5)
+    assert [r["run_id"] for r in found] == [posted["run_id"]] and took < 2  # no wait: claimed
 
 
 def test_an_empty_claim_is_woken_when_a_threads_run_ends(api, chat, running):
@@ -131,14 +131,14 @@ def test_an_empty_claim_is_woken_when_a_threads_run_ends(api, chat, running):
 
     ender = threading.Thread(target=end_later)
     ender.start()
-    found, took = _claim(api, "waiter", wait_seconds=10)
+    found, took = _claim(api, "waiter", wait_seconds=5)
     ender.join()
-    assert found == [] and 0.35 <= took < 5, took
+    assert found == [] and 0.35 <= took < 4, took
     assert [r["run_id"] for r in _claim(api, "waiter")[0]] == [second]
 
 
-@pytest.mark.parametrize("wait", [-1, 20.5, "soon"])
-def test_a_claim_wait_outside_0_to_20_seconds_is_422(api, wait):
+@pytest.mark.parametrize("wait", [-1, 5.5, "soon", "1", False, None])
+def test_a_claim_wait_outside_0_to_5_seconds_is_422(api, wait):
     reply = api.post("/api/executor/claim", api.executor,
                      json={"executor_instance_id": "x", "wait_seconds": wait})
     assert_error(reply, 422, "validation_error")

@@ -239,9 +239,10 @@ def _plan_nodes(plan: dict):
 @pytest.mark.pg_only
 def test_a_long_queue_is_claimed_without_scanning_it_for_each_run(pg_db):
     """The claim's plan is one pass over the queue (the first run of each thread, computed
-    once) and one index probe per candidate for an active run of its thread, whatever the
-    statistics say of the queue (none are taken here: other tests share the database); no
-    join that rescans the queue for every queued run."""
+    once) and, per candidate, one index probe for an active run of its thread and one primary
+    key probe for a child's parent, whatever the statistics say of the queue (none are taken
+    here: other tests share the database); no join that rescans the queue for every queued
+    run, and no hash of every ended run for the parents."""
     from sqlalchemy import text
     from sqlalchemy.dialects import postgresql
 
@@ -259,7 +260,10 @@ def test_a_long_queue_is_claimed_without_scanning_it_for_each_run(pg_db):
     nodes = list(_plan_nodes(plan))
     assert not [n for n in nodes if n.get("Join Type") in ("Anti", "Semi")], plan
     probes = [n for n in nodes if n.get("Parent Relationship") == "SubPlan"]
-    assert probes and all("Index Cond" in n and "thread_id" in n["Index Cond"] for n in probes)
+    by_thread = [n for n in probes if "thread_id" in n.get("Index Cond", "")]
+    by_parent = [n for n in probes if "parent_run_id" in n.get("Index Cond", "")]
+    assert by_thread and by_parent and len(by_thread) + len(by_parent) == len(probes), plan
+    assert all(n["Index Name"] == "pk_agent_run" for n in by_parent), plan
     assert [n for n in nodes if n.get("Parent Relationship") == "InitPlan"]
 
     claimed = [c.run_id for c in claim(pg_db, W, max_runs=50)]

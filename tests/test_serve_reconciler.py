@@ -15,6 +15,7 @@ import signal
 import time
 
 import pytest
+from support.ports import free_port
 from support.processes import (
     Api,
     ProcessManager,
@@ -100,7 +101,7 @@ def test_workers_default_to_one_per_core_on_postgresql_and_one_on_sqlite():
 def test_a_heartbeat_not_below_the_lease_is_refused_at_start(procs, lease, heartbeat, tmp_path):
     env = procs.environment(f"sqlite:///{tmp_path / 'x.db'}", AGENTLEDGER_LEASE_SECONDS=lease,
                             AGENTLEDGER_HEARTBEAT_SECONDS=heartbeat)
-    for command in (["worker"], ["serve", "--port", "0"], ["reconcile", "--once"]):
+    for command in (["worker"], ["serve", "--port", str(free_port())], ["reconcile", "--once"]):
         done = procs.run(command, env)
         assert done.returncode != 0, command
         assert "AGENTLEDGER_HEARTBEAT_SECONDS" in done.stderr and "below" in done.stderr, done.stderr

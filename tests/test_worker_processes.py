@@ -141,7 +141,7 @@ def test_two_workers_share_the_load_and_a_killed_workers_runs_end_lease_expired(
 def test_worker_refuses_a_concurrency_below_one(db_url, procs):
     done = procs.run(["worker", "--concurrency", "0"], procs.environment(db_url))
     assert done.returncode != 0
-    assert "--concurrency must be at least 1" in done.stderr
+    assert "argument --concurrency: must be at least 1, got 0" in done.stderr
 
 
 def test_per_thread_fifo_holds_across_worker_processes(db_url, db, procs, api_for):

@@ -13,9 +13,10 @@ from agentledger.core.vocabulary import InterruptReason, RunStatus
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_CONTENT = 32_000
-# A claim's longest wait for work: well inside the clients' 30 s read timeout and the idle
-# timeouts of common proxies.
-MAX_CLAIM_WAIT_SECONDS = 20
+# A claim's longest wait for work: well inside the read timeouts of HTTP clients (this
+# project's 30 s, often 10 s elsewhere) and the idle timeouts of proxies; each waiting claim
+# holds one of the server's threads.
+MAX_CLAIM_WAIT_SECONDS = 5
 # Columns that hold an event seq or a version are INTEGER (int32) on both databases.
 MAX_INT32 = 2_147_483_647
 
@@ -138,7 +139,7 @@ class ClaimBody(Strict):
     max_runs: int = Field(default=1, ge=1, le=100)
     lease_seconds: float | None = Field(default=None, ge=1, le=3600)
     wait_seconds: float = Field(
-        default=0, ge=0, le=MAX_CLAIM_WAIT_SECONDS,
+        default=0, ge=0, le=MAX_CLAIM_WAIT_SECONDS, strict=True,  # false is no number of seconds
         description="when no run is claimable, hold the answer up to this long until a run may "
                     "have become claimable, then answer with no runs (claim again then): a "
                     "waiting claim never takes a run, so a caller gone meanwhile loses none")

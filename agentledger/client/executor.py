@@ -67,7 +67,7 @@ class ExecutorClient:
         """Lease up to ``max_runs`` queued runs; each ``{"run_id", "thread_id", "input",
         "agent_execution_snapshot", "context_pack_snapshot", "context", "lease_expires_at", …}``.
 
-        With ``wait_seconds`` (at most 20), when nothing is claimable the server holds its
+        With ``wait_seconds`` (at most 5), when nothing is claimable the server holds its
         answer until a run may have become claimable or the time passes, then answers ``[]``
         (it never claims after waiting): claim again then. A worker loop that claims this way
         starts runs as they are queued, without polling."""
