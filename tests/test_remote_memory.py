@@ -96,13 +96,17 @@ class ApiWorkers:
             self.stop(instance_id)
 
 
-@pytest.fixture
-def ledger(db, db_url):
+def _ledger(db, db_url):
     """The app with the frameworks' tables, and its standard tokens."""
     setup_framework_storage(db_url)
     app = FlaskApi(db, db_url, run_rate_limit=0)
     yield app
     app.close()
+
+
+@pytest.fixture
+def ledger(db, db_url):
+    yield from _ledger(db, db_url)
 
 
 @pytest.fixture
@@ -620,10 +624,7 @@ def test_session_routes_use_the_sdk_session_of_the_runs_thread(ledger, held, db_
 
 @pytest.fixture
 def pg_ledger(pg_db, pg_url):
-    setup_framework_storage(pg_url)
-    app = FlaskApi(pg_db, pg_url, run_rate_limit=0)
-    yield app
-    app.close()
+    yield from _ledger(pg_db, pg_url)
 
 
 def test_memory_connections_are_kept_and_one_the_database_closed_is_replaced(pg_ledger, pg_url):

@@ -461,13 +461,8 @@ class Database:
         with turn, Session(self.engine, expire_on_commit=False, autoflush=False) as session:
             if self.redactor.active:
                 session.info[REDACTOR_KEY] = self.redactor
-            try:
-                with session.begin():
-                    yield session
-            except DBAPIError as exc:
-                if exc.connection_invalidated:
-                    self._renew_pools()
-                raise  # never retried: the commit may have happened
+            with self._renewing_pools_on_loss(), session.begin():  # never retried: the
+                yield session                                     # commit may have happened
             pending = session.info.pop(PENDING_NOTIFICATIONS, ())
         self._committed(pending)
 
@@ -487,13 +482,21 @@ class Database:
         with AutocommitConnection(self.engine) as connection:
             alone = AutocommitWrites(connection, self.engine.dialect)
             try:
-                yield alone
-            except DBAPIError as exc:
-                if exc.connection_invalidated:
-                    self._renew_pools()
-                raise
+                with self._renewing_pools_on_loss():
+                    yield alone
             finally:
                 self._committed(alone.notifications)
+
+    @contextmanager
+    def _renewing_pools_on_loss(self) -> Iterator[None]:
+        """Renew the primary's pools (``_renew_pools``) when the block fails on a connection
+        the server or the network had closed; the error goes on to the caller."""
+        try:
+            yield
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                self._renew_pools()
+            raise
 
     def _renew_pools(self) -> None:
         """A connection to the primary was found closed (by the server or the network). The
@@ -618,7 +621,8 @@ class Database:
         again: its statements are the caller's block, which only the caller can run again. The
         pools are renewed (``_renew_pools``), so the next read gets a live connection.
         """
-        try:
+        # A lost primary connection renews the pools (the replica's failures are a 503).
+        with self._renewing_pools_on_loss():
             connection = None
             if not primary and self.read_url is not None:
                 connection = self._replica_connection(self.read_engine)
@@ -637,10 +641,6 @@ class Database:
                         yield session
                     # A transaction the gate's check began on the connection ends here.
                     connection.commit()
-        except DBAPIError as exc:
-            if exc.connection_invalidated:  # the primary's (the replica's became a 503 above)
-                self._renew_pools()
-            raise
 
     def read_row(self, stmt, params: dict | None = None):
         """The one row (or None) of a read that is a single statement.
