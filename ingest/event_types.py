@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
 from agentledger.core.errors import ValidationFailed
 from agentledger.core.hashing import storable_json
@@ -40,10 +40,12 @@ MAX_COST_USD_PER_CALL = 1e12
 
 
 class Usage(_Data):
-    input_tokens: int = Field(ge=0, le=MAX_TOKENS_PER_CALL)
-    output_tokens: int = Field(ge=0, le=MAX_TOKENS_PER_CALL)
+    # Strict: the data is stored as sent, so ``"5"`` or ``true`` must be refused, not read as 5
+    # or 1 (a strict float still takes an integer).
+    input_tokens: StrictInt = Field(ge=0, le=MAX_TOKENS_PER_CALL)
+    output_tokens: StrictInt = Field(ge=0, le=MAX_TOKENS_PER_CALL)
     # Always present (CONTRACT §3); null when no price is known: sums count it as unknown, never zero.
-    cost_usd: float | None = Field(ge=0, le=MAX_COST_USD_PER_CALL)
+    cost_usd: StrictFloat | None = Field(ge=0, le=MAX_COST_USD_PER_CALL)
     model: str | None = None
 
 
@@ -153,7 +155,7 @@ def validated_data(event_type: str, data: Any) -> dict:
         raise ValidationFailed(f"data of {event_type} must be an object")
     data = storable_json(data, f"{event_type} data")
     try:
-        validator.validate_python(data, strict=False)
+        validator.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "data"

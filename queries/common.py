@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import literal, text, tuple_
@@ -52,6 +52,9 @@ def decode_cursor(cursor: str, size: int) -> list[Any]:
     if (not isinstance(values, list) or len(values) != size
             or not all(isinstance(v, str) for v in values)):
         raise BadCursor("cursor is not valid")
+    # JSON escapes can spell what no id holds and neither database takes: NUL, lone surrogates.
+    if any("\x00" in v or any("\ud800" <= c <= "\udfff" for c in v) for v in values):
+        raise BadCursor("cursor is not valid")
     return values
 
 
@@ -62,7 +65,10 @@ def parse_time(text: str) -> datetime:
         raise BadCursor("cursor is not valid") from exc
     if moment.tzinfo is None:
         raise BadCursor("cursor is not valid")
-    return moment
+    try:
+        return moment.astimezone(UTC)  # the databases compare in UTC; year 1 at +14:00 has none
+    except OverflowError:
+        raise BadCursor("cursor is not valid") from None
 
 
 # What ``run_summary`` reads (and an admin's ``redaction_count``): the point reads of a run

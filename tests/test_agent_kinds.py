@@ -413,6 +413,12 @@ BAD_DEFINITIONS = {
     "sleep too long": {"params": {"steps": [{"sleep": 10**6}]}},
     "tool without a name": {"params": {"steps": [{"tool": 7, "input": {}}]}},
     "usage not an object": {"params": {"steps": [{"usage": 100}]}},
+    "usage of negative tokens": {"params": {"steps": [{"usage": {"input_tokens": -1}}]}},
+    "usage tokens as text": {"params": {"steps": [{"usage": {"output_tokens": "abc"}}]}},
+    "usage tokens as a boolean": {"params": {"steps": [{"usage": {"input_tokens": True}}]}},
+    "usage cost as text": {"params": {"steps": [{"usage": {"cost_usd": "0.5"}}]}},
+    "usage cost out of range": {"params": {"steps": [{"usage": {"cost_usd": 1e300}}]}},
+    "usage model not text": {"params": {"steps": [{"usage": {"model": 3}}]}},
     "empty delegate": {"params": {"steps": [{"delegate": []}]}},
     "delegate not a list": {"params": {"steps": [{"delegate": {"agent_id": "x"}}]}},
     "delegate without agent_id": {"params": {"steps": [{"delegate": [{"input": "x"}]}]}},
@@ -435,6 +441,7 @@ def test_registration_accepts_every_step_and_put_validates_too(admin_client):
         {"say": "hi {input}"}, {"sleep": 0.5}, {"sleep": 2},
         {"tool": "t", "input": {"a": 1}, "output": [1, 2]},
         {"usage": {"input_tokens": 1, "output_tokens": 2, "cost_usd": 0.1}},
+        {"usage": {"input_tokens": 3, "model": "m"}}, {"usage": {"cost_usd": None}},
         {"delegate": [{"agent_id": "echo", "input": "x"}]}, {"fail": "no"},
     ]}}
     response = admin_client.post("/api/agents", json=good)

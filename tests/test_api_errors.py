@@ -220,7 +220,12 @@ BAD_CURSORS = ["garbage!!", "%%%", _cursor([]), _cursor({"a": 1}), _cursor([None
                _cursor([{"a": 1}]), _cursor([1, 2, 3, 4]), _cursor("x"),
                _cursor(["2026-01-01T00:00:00+00:00", ["x"]]),
                _cursor(["2026-01-01T00:00:00+00:00", None]),
-               _cursor(["not a time", "x"]), _cursor(["2026-01-01T00:00:00", "x"])]
+               _cursor(["not a time", "x"]), _cursor(["2026-01-01T00:00:00", "x"]),
+               # a time with no UTC equivalent, and ids no database stores (each size a list
+               # takes: one for the agents, two for the others)
+               _cursor(["0001-01-01T00:00:00+14:00", "run_x"]),
+               _cursor(["2026-01-01T00:00:00+00:00", "\ud800"]), _cursor(["\ud800"]),
+               _cursor(["2026-01-01T00:00:00+00:00", "a\x00b"]), _cursor(["a\x00b"])]
 
 
 @pytest.mark.parametrize("path", ["/api/sessions", "/api/agents", "/api/agent-runs",

@@ -10,6 +10,8 @@ from typing import Any
 
 from agentledger.agent_kinds.pricing import cost_usd
 from agentledger.agent_kinds.run_context import AgentFailed, RunContext
+from agentledger.core.errors import ValidationFailed
+from ingest.event_types import validated_data
 
 STEP_KEYS = ("say", "sleep", "tool", "usage", "delegate", "fail")
 MAX_SLEEP = 3600
@@ -36,14 +38,31 @@ def validate_steps(steps: Any) -> None:
             raise ValueError(f"{where}.sleep must be a number of seconds (0-{MAX_SLEEP})")
         if key == "tool" and not isinstance(value, str):
             raise ValueError(f"{where}.tool must be the tool's name")
-        if key == "usage" and not isinstance(value, dict):
-            raise ValueError(f"{where}.usage must be an object")
+        if key == "usage":
+            _validate_usage(value, f"{where}.usage")
         if key == "delegate":
             if not isinstance(value, list) or not value:
                 raise ValueError(f"{where}.delegate must be a non-empty list")
             for child in value:
                 if not isinstance(child, dict) or not isinstance(child.get("agent_id"), str):
                     raise ValueError(f"{where}.delegate items need an agent_id")
+
+
+def _validate_usage(usage: Any, where: str) -> None:
+    """A usage step's counts and cost are checked as its event will be (a step may leave
+    out the counts, 0, and the cost, priced at run time), so that a broken definition fails at
+    registration rather than in every run."""
+    if not isinstance(usage, dict):
+        raise ValueError(f"{where} must be an object")
+    if "model" in usage and usage["model"] is not None and not isinstance(usage["model"], str):
+        raise ValueError(f"{where}.model must be a string")
+    sample = {"input_tokens": usage.get("input_tokens", 0),
+              "output_tokens": usage.get("output_tokens", 0),
+              "cost_usd": usage.get("cost_usd")}
+    try:
+        validated_data("usage", sample)
+    except ValidationFailed as exc:
+        raise ValueError(str(exc).replace("usage data", where, 1)) from None
 
 
 def usage_data(ctx: RunContext, usage: dict[str, Any]) -> dict[str, Any]:
