@@ -205,8 +205,7 @@ class _Gunicorn(BaseApplication):
         state = worker.wsgi.extensions["agentledger"]
         executor = reconciler = None
         if self.run_worker:
-            slot = getattr(worker, "agentledger_slot", 0)
-            instance_id = f"serve-{socket.gethostname()}-{self.port}-{slot}"
+            instance_id = executor_instance_id(self.port, getattr(worker, "agentledger_slot", 0))
             executor = Executor(state.db, self.settings, instance_id=instance_id,
                                 concurrency=self.concurrency,
                                 notifier=state.notifier)
@@ -233,6 +232,45 @@ class _Gunicorn(BaseApplication):
         if executor is not None:
             executor.stop(reason="executor_shutdown")
         worker.wsgi.extensions["agentledger"].memory.close()
+
+
+def executor_instance_id(port: int, slot: int) -> str:
+    """The in-process executor of worker slot ``slot``: the same at every start of this server."""
+    return f"serve-{socket.gethostname()}-{port}-{slot}"
+
+
+def end_runs_of_retired_slots(settings: Settings, port: int, workers: int) -> int:
+    """Runs left unfinished by the executors of slots this start will not run (the server ran
+    with more workers before): each worker ends its own slot's leftovers when it starts, so
+    these would wait for their leases and end ``lease_expired``. They end ``service_restart``
+    here, in the master, before any worker starts (no executor of this server runs yet, and
+    no other server can listen on this port of this host). Returns the runs ended."""
+    from agentledger.core.database import Database
+    from ingest.reconcile import (
+        executor_ids_holding_runs,
+        executor_run_ids,
+        interrupt_executor_run,
+    )
+
+    prefix = executor_instance_id(port, 0)[:-1]
+    db = Database.from_settings(settings)
+    ended = 0
+    try:
+        with db.read(primary=True) as s:
+            retired = [i for i in executor_ids_holding_runs(s, prefix)
+                       if i[len(prefix):].isdigit() and int(i[len(prefix):]) >= workers]
+        for instance in retired:
+            with db.read(primary=True) as s:
+                run_ids = executor_run_ids(s, instance)
+            for run_id in run_ids:
+                with db.write() as s:
+                    ended += interrupt_executor_run(s, run_id, instance, reason="service_restart")
+    finally:
+        db.dispose()  # no connection may cross the fork into the workers
+    if ended:
+        log.warning("interrupted %d run(s) left by executor slots this start does not run "
+                    "(service_restart)", ended)
+    return ended
 
 
 def _prepare_metrics_dir() -> None:
@@ -311,6 +349,8 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
     from agentledger.agent_kinds.storage import setup_framework_storage
 
     setup_framework_storage(settings.database_url)
+    if run_worker:
+        end_runs_of_retired_slots(settings, port, workers)
     if demo and _is_empty(settings):
         from agentledger.demo import seed
 

@@ -38,6 +38,8 @@ from queries.thread_history import as_turns, thread_history
 
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 3600
+# A run leased before its grant was recorded (no ``last_heartbeat_at``): never after a claim.
+DEFAULT_LEASE_SECONDS = 30
 MAX_CLAIM = 100
 
 
@@ -248,21 +250,40 @@ class Heartbeat:
     cancel_requested: bool
 
 
+def _granted_seconds(session: Session, held: tuple) -> float:
+    """How long the lease ``held`` selects was last granted for (locked: the heartbeat's
+    update follows); a run with no grant recorded gets ``DEFAULT_LEASE_SECONDS``."""
+    granted = session.execute(
+        dialect.for_update(select(AgentRun.lease_expires_at, AgentRun.last_heartbeat_at)
+                           .where(*held), session)
+    ).first()
+    if granted is None or granted.last_heartbeat_at is None:
+        return DEFAULT_LEASE_SECONDS
+    length = (granted.lease_expires_at - granted.last_heartbeat_at).total_seconds()
+    return min(max(length, MIN_LEASE_SECONDS), MAX_LEASE_SECONDS)
+
+
 def heartbeat(
-    session: Session, run_id: str, executor_instance_id: str, *, lease_seconds: float = 30
+    session: Session, run_id: str, executor_instance_id: str, *,
+    lease_seconds: float | None = None,
 ) -> Heartbeat:
-    """Extend a live lease held by this executor; ``LeaseLost`` means stop working on the run."""
-    _check_lease_seconds(lease_seconds)
+    """Extend a live lease held by this executor; ``LeaseLost`` means stop working on the run.
+
+    ``lease_seconds`` None renews it for as long as it was last granted (the claim's
+    ``lease_seconds``, or the last heartbeat's): the executor routes' heartbeat, whose caller
+    chose its lease when it claimed and must not see a heartbeat shorten it. A grant is always
+    ``lease_expires_at - last_heartbeat_at``: the claim and every heartbeat set both.
+    """
+    if lease_seconds is not None:
+        _check_lease_seconds(lease_seconds)
     now = dialect.now(session)
-    expires = lease_deadline(now, lease_seconds)
+    held = (AgentRun.id == run_id, AgentRun.executor_instance_id == executor_instance_id,
+            AgentRun.status.in_(ACTIVE), AgentRun.lease_expires_at > now)
+    seconds = lease_seconds if lease_seconds is not None else _granted_seconds(session, held)
+    expires = lease_deadline(now, seconds)
     row = session.execute(
         update(AgentRun)
-        .where(
-            AgentRun.id == run_id,
-            AgentRun.executor_instance_id == executor_instance_id,
-            AgentRun.status.in_(ACTIVE),
-            AgentRun.lease_expires_at > now,
-        )
+        .where(*held)
         .values(lease_expires_at=expires, last_heartbeat_at=now)
         .returning(AgentRun.status)
     ).first()

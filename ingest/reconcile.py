@@ -89,6 +89,16 @@ def executor_run_ids(session: Session, executor_instance_id: str) -> list[str]:
     ).scalars())
 
 
+def executor_ids_holding_runs(session: Session, prefix: str) -> list[str]:
+    """The executor instance ids beginning with ``prefix`` that hold unfinished runs."""
+    found = session.execute(
+        select(AgentRun.executor_instance_id).distinct()
+        .where(AgentRun.status.in_(NON_TERMINAL),
+               AgentRun.executor_instance_id.startswith(prefix, autoescape=True))
+    ).scalars()
+    return sorted(i for i in found if i is not None)
+
+
 def interrupt_executor_run(session: Session, run_id: str, executor_instance_id: str, *,
                            reason: str) -> bool:
     """End one run of this executor instance ``interrupted`` with ``reason``, unless it ended

@@ -16,7 +16,13 @@ from sqlalchemy.orm import Session
 
 from agentledger.core import cacheable_upsert, dialect
 from agentledger.core.database import AutocommitWrites, Database, execute, read_one
-from agentledger.core.errors import IdempotencyConflict, IllegalTransition, NotFound, UnknownAgent
+from agentledger.core.errors import (
+    CancelRequested,
+    IdempotencyConflict,
+    IllegalTransition,
+    NotFound,
+    UnknownAgent,
+)
 from agentledger.core.hashing import (
     GENESIS_HASH,
     canonical_json,
@@ -504,7 +510,10 @@ def create_child_run(
     now = dialect.now(session, read=parent.now)
     if executor_instance_id is not None:
         check_lease(parent, executor_instance_id, now)
-    if parent.status not in ACTIVE or parent.status == "cancelling":
+    if parent.status == "cancelling":
+        # As for an ending refused while cancelling: the caller learns to stop, not only no.
+        raise CancelRequested(f"run {parent_run_id} is being cancelled; it cannot delegate now")
+    if parent.status not in ACTIVE:
         raise IllegalTransition(f"run {parent_run_id} is {parent.status}; it cannot delegate now")
     snapshot = agent_snapshot(session, agent_id)
     parent_row = session.execute(

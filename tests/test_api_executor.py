@@ -158,6 +158,27 @@ def test_heartbeat_extends_the_lease(api, running):
     assert len(_events(api, run)) == 2  # a heartbeat writes no event
 
 
+@pytest.mark.parametrize("lease_seconds", [600, 5])
+def test_a_heartbeat_renews_for_as_long_as_the_claim_leased(api, chat, lease_seconds):
+    """A claim chose its lease: heartbeats renew it for that long, whatever the server's own
+    lease setting, so a heartbeat never cuts a long lease short nor stretches a short one."""
+    run = post_message(api, api.alice, chat, "long work")["run_id"]
+    instance = unique("exec")
+    claimed = claim_run(api, api.executor, run, instance, lease_seconds=lease_seconds)
+    first = datetime.fromisoformat(claimed["lease_expires_at"])
+    for _ in range(2):
+        time.sleep(0.05)
+        before = datetime.now(first.tzinfo)
+        reply = api.post(f"/api/executor/runs/{run}/heartbeat", api.executor,
+                         json={"executor_instance_id": instance})
+        assert reply.status == 200, reply
+        expires = datetime.fromisoformat(reply.json()["lease_expires_at"])
+        assert expires > first
+        left = (expires - before).total_seconds()
+        assert lease_seconds - 1 < left < lease_seconds + 1, left
+        first = expires
+
+
 def test_events_append_in_order_and_complete_with_the_answer(api, running):
     run, instance = running
     reply = append(api, api.executor, run, instance, [
@@ -351,7 +372,18 @@ def test_ending_a_cancelling_run_other_than_cancelled_is_409_cancel_requested(ap
     {"executor_instance_id": "E", "status": "succeeded",
      "events": [{"type": "message.delta", "data": {"text": "x"}}]},
     {"events": [{"type": "message.delta", "data": {"text": "x"}}]},
-], ids=range(13))
+    # Usage data is stored as sent: a count or a cost that is not a JSON number is refused.
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": "5", "output_tokens": 0, "cost_usd": None}}]},
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": 5, "output_tokens": True, "cost_usd": None}}]},
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": 5, "output_tokens": 1.0, "cost_usd": None}}]},
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": 5, "output_tokens": 1, "cost_usd": "0.5"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
+        "input_tokens": 5, "output_tokens": 1, "cost_usd": False}}]},
+], ids=range(18))
 def test_invalid_event_batches_are_422_and_write_nothing(api, running, body):
     run, instance = running
     body = {**body, **({"executor_instance_id": instance} if "executor_instance_id" in body else {})}
@@ -375,5 +407,5 @@ def test_children_refusals(api, chat, running):
     before = ledger_state(api.db, run)
     reply = api.post(f"/api/executor/runs/{run}/children", api.executor,
                      json={"executor_instance_id": instance, "agent_id": "echo", "input": "x"})
-    assert_error(reply, 409, "illegal_transition")  # a cancelling run may not delegate
+    assert_error(reply, 409, "cancel_requested")  # a cancelling run may not delegate
     assert ledger_state(api.db, run) == before

@@ -314,7 +314,7 @@ def test_delegation_needs_a_running_leased_parent(db, running):
     with db.write() as s:
         request_cancel(s, running, requested_by="alice")
     before = snapshot_state(db)
-    with pytest.raises(IllegalTransition), db.write() as s:
+    with pytest.raises(CancelRequested), db.write() as s:  # it is to stop, not to delegate
         create_child_run(s, running, agent_id="helper", input="x", executor_instance_id=W)
     assert snapshot_state(db) == before
 

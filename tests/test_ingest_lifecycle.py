@@ -287,12 +287,14 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: len(self.order) < MAX_RUNS and self.some_active())
     @rule(data=st.data(), acting=acting)
     def delegate(self, data, acting):
-        parent = self.pick(data, ("running",))
+        parent = self.pick(data, ACTIVE)
         m = self.runs[parent]
         executor = self.who(m, acting)
         self.tally("delegate")
         if not self.lease_ok(m, executor):
             error = LeaseLost
+        elif m.status == "cancelling":
+            error = CancelRequested
         elif m.status != "running":
             error = IllegalTransition
         else:

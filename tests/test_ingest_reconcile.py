@@ -230,3 +230,30 @@ def test_two_executors_ending_their_runs_at_once_never_deadlock(pg_db):
             assert_run_invariants(db, run_id)
             assert run_row(db, run_id).status == "interrupted"
     assert_chains_ok(db)
+
+
+def test_a_server_started_with_fewer_workers_ends_the_runs_of_the_slots_it_no_longer_runs(db, agent):
+    """``serve --workers 3`` killed, then started with ``--workers 1``: slot 0's executor ends
+    its own leftovers when it starts, and the master ends those of slots 1 and 2 (no executor
+    will ever run as them again), ``service_restart`` rather than ``lease_expired`` later."""
+    from agentledger.core.config import Settings
+    from agentledger.server import end_runs_of_retired_slots, executor_instance_id
+
+    held = {}
+    for slot in range(3):
+        held[slot] = post(db, make_session(db), f"slot {slot}").run_id
+        claim(db, executor_instance_id(8050, slot))
+    other_port = post(db, make_session(db), "another server").run_id
+    claim(db, executor_instance_id(80, 1))  # serve-<host>-80-1: not a slot of port 8050
+
+    ended = end_runs_of_retired_slots(Settings(database_url=db.url), 8050, workers=1)
+    assert ended == 2
+    for slot in (1, 2):
+        last = events(db, held[slot])[-1]
+        assert (last.type, last.data) == ("run.interrupted", {
+            "reason": "service_restart", "executor_instance_id": executor_instance_id(8050, slot)})
+        assert_run_invariants(db, held[slot])
+    assert run_row(db, held[0]).status == "running"  # its own executor's to end
+    assert run_row(db, other_port).status == "running"
+    assert end_runs_of_retired_slots(Settings(database_url=db.url), 8050, workers=1) == 0
+    assert_chains_ok(db)

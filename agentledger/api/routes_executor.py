@@ -72,8 +72,8 @@ def _wait_for_the_queue(seen: int, seconds: float) -> None:
            errors=(404, 409, 422), tag="executor")
 def executor_heartbeat(run_id: str, body: HeartbeatBody, raw_body):
     with state().db.write() as s:
-        beat = heartbeat(s, run_id, body.executor_instance_id,
-                         lease_seconds=state().settings.lease_seconds)
+        # For as long as the claim leased it: the caller chose that (``lease_seconds``).
+        beat = heartbeat(s, run_id, body.executor_instance_id)
     return jsonify({"lease_expires_at": beat.lease_expires_at.isoformat(),
                     "cancel_requested": beat.cancel_requested})
 

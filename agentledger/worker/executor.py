@@ -463,9 +463,10 @@ class Executor:
             self._flush_locked(active)
         try:
             child_ids = self.backend.create_children(run_id, children)
-        except IllegalTransition:
+        except (CancelRequested, IllegalTransition):
             # With our lease still valid, the only refusal is a parent that is being cancelled
-            # (the cancel came after the last check): confirm it, no child was created.
+            # (the cancel came after the last check; ``IllegalTransition`` from servers before
+            # ``cancel_requested`` was this refusal's code): confirm it, no child was created.
             active.cancel.set()
             raise RunCancelled() from None
         active.holds_slot = False
