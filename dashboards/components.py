@@ -88,10 +88,14 @@ def navbar(owner: str | None, role: str | None) -> dbc.Navbar:
     )
 
 
-def page_header(title: str, subtitle: str | None = None, *extra, twin: str | None = None) -> html.Div:
-    """The page's title; ``twin`` is the path of its JSON twin, linked beside the title."""
-    link = (html.A("JSON", href=twin, className="small ms-2 fw-normal", title="this page as JSON")
-            if twin else None)
+def page_header(title: str, subtitle: str | None = None, *extra, twin: str | None = None,
+                twin_id: str | None = None) -> html.Div:
+    """The page's title; ``twin`` is the path of its JSON twin, linked beside the title. The
+    page's callback keeps the link's ``href`` (component ``twin_id``) on the page's filters
+    (``params.twin_href``), so the link returns what the page shows."""
+    kwargs = {"id": twin_id} if twin_id else {}
+    link = (html.A("JSON", href=twin, className="small ms-2 fw-normal", title="this page as JSON",
+                   **kwargs) if twin else None)
     return html.Div(
         [html.H3([title, link] if link else title, className="mb-0"),
          html.P(subtitle, className="text-muted mb-0") if subtitle else None, *extra],

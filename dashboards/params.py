@@ -2,7 +2,7 @@
 
 Pure functions: strings in, plain values out. A page's ``layout(**kwargs)`` receives the query
 string as keyword arguments; its callbacks write the canonical query string back with
-``query_string``.
+``query_string``, and the link to the page's JSON twin with ``twin_href``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
-from queries.common import WINDOW_SPANS, TimeWindow
+from queries.common import MAX_LIMIT, WINDOW_SPANS, TimeWindow
 
 _LABELS = {"1h": "Last hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days",
            "14d": "Last 14 days", "30d": "Last 30 days", "90d": "Last 90 days", "all": "All time"}
@@ -92,3 +92,53 @@ def query_string(params: dict[str, object], defaults: dict[str, object] | None =
         if v not in (None, "") and str(v) != str(defaults.get(k, ""))
     }
     return "?" + urlencode(kept) if kept else ""
+
+
+# --- the JSON twin of a page (CONTRACT §9) ------------------------------------------------------
+
+# A page's URL names a filter for people; its JSON twin by the API's name for the same filter.
+# Every page's "JSON" link translates through this one table.
+TWIN_NAMES = {"q": "q", "agent": "agent_id", "owner": "owner_id", "session": "session_id",
+              "root": "root_run_id", "status": "status", "reason": "reason",
+              "executor": "executor_instance_id", "seen": "seen_minutes",
+              "risk": "at_risk_seconds"}
+# The most rows one twin page holds (its ``limit``); the twin's next_cursor goes on from there.
+TWIN_MAX_LIMIT = MAX_LIMIT
+
+
+def _twin_value(value: object) -> object:
+    if value is True:
+        return "true"
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return value
+
+
+def twin_window(key: str, since: object = None, until: object = None, *,
+                bounds: str = "created") -> dict[str, object]:
+    """A page's time window as its twin's parameters: a preset as itself (``window=7d``, which
+    the twin resolves against its own clock, as the page did against its own), custom dates as
+    the very bounds the page reads: ``<bounds>_after`` at the first day's start and
+    ``<bounds>_before`` at the end of the last day (UTC)."""
+    if key != "custom":
+        return {"window": key}
+    window = resolve_window(key, since, until)
+    if window.start is None and window.end is None:
+        return {"window": "all"}  # custom dates with neither day picked: all time, as on the page
+    return {f"{bounds}_after": window.start, f"{bounds}_before": window.end}
+
+
+def twin_href(path: str, filters: dict[str, object] | None = None, *,
+              window: tuple[str, object, object] | None = None, bounds: str = "created",
+              **twin_params: object) -> str:
+    """The link to a page's JSON twin that returns what the page shows: ``path`` with the page's
+    ``filters`` (its URL names, renamed by ``TWIN_NAMES``), its ``window`` (``(key, since,
+    until)``, see ``twin_window``) and ``twin_params`` already named as the twin names them.
+    Empty values (None, '', False) are left out; True is ``true``, a datetime ISO 8601 in UTC."""
+    query: dict[str, object] = {TWIN_NAMES[name]: value for name, value in (filters or {}).items()}
+    if window is not None:
+        query.update(twin_window(*window, bounds=bounds))
+    query.update(twin_params)
+    kept = {name: _twin_value(value) for name, value in query.items()
+            if value is not None and value is not False and value != ""}
+    return f"{path}?{urlencode(kept, safe=':')}" if kept else path

@@ -12,6 +12,7 @@ Set ``AGENTLEDGER_SCREENSHOTS=<dir>`` to also save a 1400x900 screenshot of each
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -180,6 +182,25 @@ def grid_column(driver, grid_id: str, column: str) -> list[str]:
                          "was read")
 
 
+def json_link(driver, prefix: str, *needles: str) -> str:
+    """The page's "JSON" link once its callback has put the page's filters in it."""
+    link = driver.find_element(By.ID, f"{prefix}-json")
+    WebDriverWait(driver, WAIT).until(
+        lambda d: all(n in (link.get_attribute("href") or "") for n in needles))
+    return link.get_attribute("href")
+
+
+def follow_json_link(driver, prefix: str, *needles: str) -> tuple[dict, dict]:
+    """Click the page's "JSON" link as a person would (the login cookie is the credential) and
+    read what it returns; also its query string, parsed."""
+    href = json_link(driver, prefix, *needles)
+    driver.find_element(By.ID, f"{prefix}-json").click()
+    WebDriverWait(driver, WAIT).until(
+        lambda d: urlsplit(d.current_url).path == urlsplit(href).path)
+    shown = driver.find_elements(By.TAG_NAME, "pre")
+    return json.loads(shown[0].text if shown else body_text(driver)), parse_qs(urlsplit(href).query)
+
+
 # --- access ----------------------------------------------------------------------------------
 
 
@@ -218,6 +239,7 @@ def test_a_user_token_gets_403(served):
 def test_overview(browser, served, facts):
     open_page(browser, served, "/?window=30d")
     text = wait_for_text(browser, "Runs created", "Recent interruptions", "Queued and running now")
+    assert json_link(browser, "overview", "?").endswith("/api/overview?window=30d")
     assert facts["slow_run"] in text  # the run that is running now
     assert browser.find_elements(By.CSS_SELECTOR, "#overview-status-chart .bars path")
     latest = max(facts["interrupted"], key=lambda r: r["finished_at"])
@@ -235,6 +257,11 @@ def test_messages_search_filter_updates_the_page_and_the_url(browser, served, fa
     answers = grid_column(browser, "messages-grid", "content_preview")
     assert answers and all("refund" in a.lower() for a in answers)
     finish_page(browser, "messages")
+    # The JSON link is the same search: followed, it returns these answers.
+    twin, query = follow_json_link(browser, "messages", "q=refund")
+    assert query == {"q": ["refund"], "window": ["all"], "limit": ["50"]}
+    assert [i["content_preview"] + ("…" if i["content_truncated"] else "")
+            for i in twin["items"]] == answers
     # The URL is a shareable link: opening it restores the filter and the same rows.
     open_page(browser, served, "/messages?q=refund")
     wait_idle(browser)
@@ -262,6 +289,10 @@ def test_runs_status_filter(browser, served, facts):
     WebDriverWait(browser, WAIT).until(
         lambda d: set(grid_column(d, "runs-grid", "status")) == {"failed"})
     finish_page(browser, "runs")
+    runs = grid_column(browser, "runs-grid", "run")
+    twin, query = follow_json_link(browser, "runs", "status=failed")
+    assert set(query) == {"status", "created_after", "limit"}  # GET /api/agent-runs: no presets
+    assert [i["id"] for i in twin["items"]] == runs
 
 
 def test_run_tree(browser, served, facts):
@@ -298,6 +329,8 @@ def test_timeline(browser, served, facts):
     Select(browser.find_element(By.ID, "timeline-status")).select_by_value("interrupted")
     WebDriverWait(browser, WAIT).until(lambda d: "status=interrupted" in d.current_url)
     wait_for_text(browser, f"{len(facts['interrupted'])} runs created in")
+    href = json_link(browser, "timeline", "status=interrupted")
+    assert href.endswith("/api/timeline?status=interrupted&window=30d&limit=50")
     Select(browser.find_element(By.ID, "timeline-status")).select_by_value("any")
     wait_for_text(browser, "Showing the 50 most recent of")
     finish_page(browser, "timeline")
@@ -313,6 +346,12 @@ def test_interrupted(browser, served, facts):
     WebDriverWait(browser, WAIT).until(
         lambda d: set(grid_column(d, "interrupted-grid", "reason")) == {"parent_terminal"})
     finish_page(browser, "interrupted")
+    runs = grid_column(browser, "interrupted-grid", "run")
+    twin, query = follow_json_link(browser, "interrupted", "reason=parent_terminal")
+    assert query == {"reason": ["parent_terminal"], "window": ["30d"], "limit": ["50"]}
+    assert [i["run_id"] for i in twin["items"]] == runs
+    assert sum(twin["trend"]["by_reason"].values()) == len(runs) == len(
+        [r for r in facts["interrupted"] if r["id"] in runs])
 
 
 def test_leases_refresh_and_highlight_leases_about_to_expire(browser, served, facts):
@@ -324,6 +363,8 @@ def test_leases_refresh_and_highlight_leases_about_to_expire(browser, served, fa
     row = browser.find_element(By.CSS_SELECTOR, "#leases-leases .ag-center-cols-container .ag-row")
     assert "rgb(248, 215, 218)" in row.get_attribute("style")  # at risk: under 45 s left
     finish_page(browser, "leases")
+    assert json_link(browser, "leases", "?").endswith(
+        "/api/leases?seen_minutes=15&at_risk_seconds=45&limit=200")
 
 
 def test_agents_compares_two_versions(browser, served, facts):
@@ -334,8 +375,12 @@ def test_agents_compares_two_versions(browser, served, facts):
     for name in names:
         assert name in text
     assert "Support Bot Pro" in text and "gpt-4.1" in text
-    # Each terminal status: its count (as the JSON twin counts it) beside its rate.
-    twin = [i for i in served.api("/api/agent-outcomes?window=30d")["items"] if i["version"] is None]
+    # Each terminal status: its count (as the JSON twin, from the page's JSON link, counts it)
+    # beside its rate.
+    href = json_link(browser, "agents", "window=30d")
+    assert href.endswith("/api/agent-outcomes?window=30d&limit=500")
+    twin = [i for i in served.api(href.removeprefix(served.base))["items"]
+            if i["version"] is None]
     for status in ("succeeded", "failed", "interrupted", "cancelled"):
         assert sorted(grid_column(browser, "agents-all", f"{status}_count")) == sorted(
             str(i["by_status"][status]) for i in twin)

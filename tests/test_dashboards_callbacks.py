@@ -90,7 +90,8 @@ def test_message_search_finds_by_text_and_pushes_the_filters_to_the_url(client, 
                ("messages-empty", "children"), ("messages-empty", "style"),
                ("messages-pager", "data"), ("messages-prev", "disabled"),
                ("messages-next", "disabled"), ("messages-page-label", "children"),
-               ("messages-url", "search"), ("messages-dates-col", "style")]
+               ("messages-url", "search"), ("messages-json", "href"),
+               ("messages-dates-col", "style")]
     inputs = [("messages-q", "value", "SCRIPT"), ("messages-agent", "value", None),
               ("messages-owner", "value", None), ("messages-session", "value", None),
               ("messages-window", "value", "all"), ("messages-dates", "start_date", None),
@@ -103,6 +104,8 @@ def test_message_search_finds_by_text_and_pushes_the_filters_to_the_url(client, 
     assert rows[0]["content_preview"] == HOSTILE
     assert rows[0]["message"] == f"[{ledger['answer']}](/messages/{ledger['answer']})"
     assert response["messages-url"]["search"] == "?q=SCRIPT"
+    # The JSON link: the same filters in the twin's names, the window stated.
+    assert response["messages-json"]["href"] == "/api/messages?q=SCRIPT&window=all&limit=50"
     assert response["messages-empty"]["style"] == {"display": "none"}
     nothing = call(client, outputs, [("messages-q", "value", "zzz")] + inputs[1:], state,
                    changed=["messages-q.value"])
@@ -114,7 +117,8 @@ def test_message_search_finds_by_text_and_pushes_the_filters_to_the_url(client, 
 def test_run_explorer_pages_with_cursors(client, ledger, monkeypatch):
     outputs = [("runs-grid", "rowData"), ("runs-grid", "style"), ("runs-empty", "children"),
                ("runs-empty", "style"), ("runs-pager", "data"), ("runs-prev", "disabled"),
-               ("runs-next", "disabled"), ("runs-page-label", "children"), ("runs-url", "search"),
+               ("runs-next", "disabled"), ("runs-page-label", "children"),
+               ("runs-url", "search"), ("runs-json", "href"),
                ("runs-dates-col", "style")]
 
     def inputs(prev=None, next_=None):
@@ -127,6 +131,7 @@ def test_run_explorer_pages_with_cursors(client, ledger, monkeypatch):
     first = call(client, outputs, inputs(), [("runs-pager", "data", None), ("runs-url", "search", "")])
     assert len(first["runs-grid"]["rowData"]) == 3  # two children + bob's decoy run
     assert first["runs-next"]["disabled"] is True and first["runs-prev"]["disabled"] is True
+    assert first["runs-json"]["href"] == "/api/agent-runs?agent_id=searcher&limit=50"  # all time
     statuses = sorted(r["status"] for r in first["runs-grid"]["rowData"])
     assert statuses == ["failed", "succeeded", "succeeded"]
     # A page of one row, then the next one.
@@ -159,7 +164,8 @@ def test_lease_page_refreshes_from_the_database_clock(client, db, ledger):
                ("leases-executors-empty", "children"), ("leases-executors-empty", "style"),
                ("leases-chart", "figure"), ("leases-leases", "rowData"), ("leases-leases", "style"),
                ("leases-leases-empty", "children"), ("leases-leases-empty", "style"),
-               ("leases-leases-note", "children"), ("leases-url", "search")]
+               ("leases-leases-note", "children"),
+               ("leases-url", "search"), ("leases-json", "href")]
     response = call(client, outputs, [("leases-tick", "n_intervals", 3), ("leases-seen", "value", 15),
                                       ("leases-risk", "value", 10)],
                     [("leases-url", "search", "")], changed=["leases-tick.n_intervals"])
@@ -167,6 +173,8 @@ def test_lease_page_refreshes_from_the_database_clock(client, db, ledger):
     assert lease["at_risk"] is True and lease["executor_instance_id"] == "exec-live"
     assert [e["executor_instance_id"] for e in response["leases-executors"]["rowData"]] == ["exec-live"]
     assert "database clock" in response["leases-clock"]["children"]
+    assert response["leases-json"]["href"] == (
+        "/api/leases?seen_minutes=15&at_risk_seconds=10&limit=200")
     assert "search" not in response.get("leases-url", {})  # a clock tick is not a filter change
 
 
@@ -174,11 +182,13 @@ def test_lease_page_refreshes_from_the_database_clock(client, db, ledger):
 
 def test_agents_page_shows_each_terminal_status_as_count_and_rate(client, ledger):
     outputs = [("agents-all", "rowData"), ("agents-note", "children"), ("agents-detail", "children"),
-               ("agents-url", "search"), ("agents-dates-col", "style")]
+               ("agents-url", "search"), ("agents-json", "href"), ("agents-dates-col", "style")]
     inputs = [("agents-window", "value", "all"), ("agents-dates", "start_date", None),
               ("agents-dates", "end_date", None), ("agents-agent", "value", "searcher"),
               ("agents-a", "value", "1"), ("agents-b", "value", "1")]
     response = call(client, outputs, inputs, [("agents-url", "search", "")])
+    # Both grids are one query of the window: the JSON link is the window, not the agent.
+    assert response["agents-json"]["href"] == "/api/agent-outcomes?window=all&limit=500"
     # searcher: the finished child, the failed child and bob's answered decoy
     [searcher] = [r for r in response["agents-all"]["rowData"] if r["label"].endswith("(searcher)")]
     assert (searcher["succeeded_count"], searcher["succeeded"]) == (2, "66.7%")

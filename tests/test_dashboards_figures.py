@@ -95,6 +95,29 @@ def test_query_strings_keep_only_what_differs_from_the_defaults():
         "?window=30d&q=a+b%26c"
 
 
+def test_twin_links_rename_the_filters_and_state_the_window():
+    assert params.twin_href("/api/messages") == "/api/messages"
+    assert params.twin_href("/api/messages", {"q": "a b&c", "agent": "bot", "owner": None,
+                                              "session": ""}, window=("7d", None, None),
+                            limit=50) == "/api/messages?q=a+b%26c&agent_id=bot&window=7d&limit=50"
+    # custom dates: the bounds the page reads, whole UTC days; none picked is all time
+    assert params.twin_href("/api/interrupted-runs", {"executor": "w-1"},
+                            window=("custom", "2026-04-01", "2026-04-02"),
+                            bounds="interrupted") == (
+        "/api/interrupted-runs?executor_instance_id=w-1"
+        "&interrupted_after=2026-04-01T00:00:00Z&interrupted_before=2026-04-03T00:00:00Z")
+    assert params.twin_window("custom", None, "2026-04-02") == {
+        "created_after": None, "created_before": datetime(2026, 4, 3, tzinfo=UTC)}
+    assert params.twin_window("custom", None, None) == {"window": "all"}
+    assert params.twin_href("/api/timeline", {"status": None}, roots_only=True) == (
+        "/api/timeline?roots_only=true")
+    assert params.twin_href("/api/timeline", roots_only=False, limit=0) == "/api/timeline?limit=0"
+    assert params.twin_href("/api/agent-runs", created_after=NOW) == (
+        "/api/agent-runs?created_after=2026-05-01T12:00:00Z")
+    with pytest.raises(KeyError):  # every page filter has its twin's name in one table
+        params.twin_href("/api/messages", {"nonsense": 1})
+
+
 @pytest.mark.parametrize("value, expected", [
     ("run_01abc", "run_01abc"), ("  sess_1  ", "sess_1"), ("worker-eu-1", "worker-eu-1"),
     ("<script>", None), ("", None), (None, None), ("a b", None),

@@ -163,7 +163,7 @@ def test_the_agents_page_says_unknown_and_notes_left_out_groups(db, ledger, monk
     since = (h.at_seconds(0) - DAY).date().isoformat()
     until = (h.at_seconds(0) + DAY).date().isoformat()
     outputs = [("agents-all", "rowData"), ("agents-note", "children"),
-               ("agents-detail", "children"), ("agents-url", "search"),
+               ("agents-detail", "children"), ("agents-url", "search"), ("agents-json", "href"),
                ("agents-dates-col", "style")]
     inputs = [("agents-window", "value", "custom"), ("agents-dates", "start_date", since),
               ("agents-dates", "end_date", until), ("agents-agent", "value", None),

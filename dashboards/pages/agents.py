@@ -17,6 +17,7 @@ from queries.outcome_trend import outcome_trend
 from queries.provenance import diff_agent_versions
 
 P = "agents"
+TWIN = "/api/agent-outcomes"
 DEFAULT_WINDOW = "30d"
 TERMINAL_SHOWN = ("succeeded", "failed", "interrupted", "cancelled")
 # Each terminal status is two columns under one header: its count (a number, so the column
@@ -82,7 +83,7 @@ def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_)
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Agents", "How each agent and each of its versions turned out, for runs "
                        "created in the window. A run counts under the version frozen in its "
-                       "snapshot.", twin="/api/agent-outcomes"),
+                       "snapshot.", twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Created", ui.window_picker(P, key, since, until)), md=4),
         ], className="g-2 mb-3"),
@@ -194,6 +195,7 @@ def _side_by_side(agent_id: str, a: int, b: int, va: dict | None, vb: dict | Non
     Output(f"{P}-note", "children"),
     Output(f"{P}-detail", "children"),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-window", "value"),
     Input(f"{P}-dates", "start_date"),
@@ -222,9 +224,13 @@ def outcomes(window, since, until, agent_id, a, b, current_search):
                  " more ran in this window; narrow it or pick an agent.")
     search = ui.url_search({"agent": agent_id, "a": a, "b": b, **ui.window_params(key, since, until)},
                            {"window": DEFAULT_WINDOW}, current_search)
+    # Both grids come from one query of every agent in the window (the picked agent's versions
+    # are its rows in it), so the twin gets the window only: with its agent_id it would leave
+    # the other agents out. Up to a twin page's most rows at once; next_cursor has the rest.
+    twin = params.twin_href(TWIN, window=(key, since, until), limit=params.TWIN_MAX_LIMIT)
     if not agent_id:
         detail = ui.empty_state("Pick an agent", "Choose an agent above to see its versions.")
-        return rows, note, detail, search, ui.hidden_if(key != "custom")
+        return rows, note, detail, search, twin, ui.hidden_if(key != "custom")
     versions = [v.as_dict() for v in found.versions_of(agent_id)]
     va = next((v for v in versions if v["version"] == a), None)
     vb = next((v for v in versions if v["version"] == b), None)
@@ -251,7 +257,7 @@ def outcomes(window, since, until, agent_id, a, b, current_search):
             dcc.Graph(figure=figures.status_over_time(trend.rows, trend.bucket_seconds),
                       config={"displaylogo": False}))]),
     ])
-    return rows, note, detail, search, ui.hidden_if(key != "custom")
+    return rows, note, detail, search, twin, ui.hidden_if(key != "custom")
 
 
 dash.register_page(__name__, path="/agents", name="Agents", title="agentledger · agents",

@@ -18,6 +18,7 @@ from queries.interrupted_runs import (
 )
 
 P = "interrupted"
+TWIN = "/api/interrupted-runs"
 DEFAULT_WINDOW = "14d"
 REASON_HELP = {
     "lease_expired": "the executor stopped heartbeating and its lease ran out",
@@ -42,7 +43,8 @@ def layout(reason=None, executor=None, agent=None, window=None, since=None, unti
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Interrupted runs", "Runs that ended without their executor finishing them, "
-                       "and why. The reconciler never re-runs the model: a retry is a new run.", twin="/api/interrupted-runs"),
+                       "and why. The reconciler never re-runs the model: a retry is a new run.",
+                       twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Reason", dbc.Select(
                 id=f"{P}-reason", value=params.choice(reason, REASONS, ui.ANY),
@@ -87,6 +89,7 @@ def _filters(reason, executor, agent, key, since, until) -> tuple[dict, Interrup
     Output(f"{P}-kpis", "children"),
     Output(f"{P}-trend", "figure"),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-reason", "value"),
     Input(f"{P}-executor", "value"),
@@ -107,7 +110,9 @@ def trend(reason, executor, agent, window, since, until, current_search):
     )
     search = ui.url_search({**values, **ui.window_params(key, since, until)},
                            {"window": DEFAULT_WINDOW}, current_search)
-    return (kpis, figures.interruption_trend(found.rows, found.bucket_seconds), search,
+    twin = params.twin_href(TWIN, values, window=(key, since, until), bounds="interrupted",
+                            limit=ui.PAGE_SIZE)
+    return (kpis, figures.interruption_trend(found.rows, found.bucket_seconds), search, twin,
             ui.hidden_if(key != "custom"))
 
 

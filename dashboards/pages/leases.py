@@ -10,9 +10,15 @@ from dash import Input, Output, State, dcc, html
 from dashboards import components as ui
 from dashboards import figures, params
 from dashboards.page_registry import callback
-from queries.lease_health import DEFAULT_AT_RISK_SECONDS, DEFAULT_SEEN_MINUTES, lease_health
+from queries.lease_health import (
+    DEFAULT_AT_RISK_SECONDS,
+    DEFAULT_LEASE_LIMIT,
+    DEFAULT_SEEN_MINUTES,
+    lease_health,
+)
 
 P = "leases"
+TWIN = "/api/leases"
 REFRESH_MS = 3000
 EXECUTOR_COLUMNS = [
     {"field": "executor_instance_id", "headerName": "Executor", "flex": 1, "minWidth": 150},
@@ -41,7 +47,7 @@ def layout(seen=None, risk=None, **_):
         dcc.Interval(id=f"{P}-tick", interval=REFRESH_MS),
         ui.page_header("Lease health", f"Refreshed every {REFRESH_MS // 1000} s from the database "
                        "clock. A lease only says an executor is alive; when one expires the "
-                       "reconciler ends the run interrupted.", twin="/api/leases"),
+                       "reconciler ends the run interrupted.", twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Executors seen in the last (minutes)", dbc.Input(
                 id=f"{P}-seen", type="number", min=1, max=1440, debounce=True,
@@ -82,6 +88,7 @@ def layout(seen=None, risk=None, **_):
     Output(f"{P}-leases-empty", "style"),
     Output(f"{P}-leases-note", "children"),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Input(f"{P}-tick", "n_intervals"),
     Input(f"{P}-seen", "value"),
     Input(f"{P}-risk", "value"),
@@ -135,6 +142,8 @@ def refresh(_tick, seen, risk, current_search):
         figures.lease_countdown(health.leases, risk),
         leases, ui.hidden_if(not leases), leases_empty, ui.hidden_if(bool(leases)),
         note, search,
+        # The page shows the leases lease_health returns by default: as many in the twin.
+        params.twin_href(TWIN, {"seen": seen, "risk": risk}, limit=DEFAULT_LEASE_LIMIT),
     )
 
 

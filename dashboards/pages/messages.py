@@ -12,6 +12,7 @@ from dashboards.page_registry import callback
 from queries.message_search import MessageSearch, search_messages
 
 P = "messages"
+TWIN = "/api/messages"
 DEFAULT_WINDOW = "all"
 COLUMNS = [
     {"field": "created", "headerName": "Answered", "width": 205},
@@ -31,7 +32,7 @@ def layout(q=None, session=None, owner=None, agent=None, window=None, since=None
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Messages", "Find an answer, then open its provenance: which run, agent "
-                       "version and context produced it.", twin="/api/messages"),
+                       "version and context produced it.", twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Text", dbc.Input(id=f"{P}-q", value=params.text(q), debounce=True,
                                                    placeholder="words in the answer", type="search")),
@@ -61,6 +62,7 @@ def load_agents(_pathname):
 @callback(
     *ui.paged_grid_outputs(P),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-q", "value"),
     Input(f"{P}-agent", "value"),
@@ -101,8 +103,9 @@ def search(q, agent, owner, session, window, since, until, _prev, _next, pager, 
                          "answers are searched, not users' messages.", className="mb-0")]
     search_value = ui.url_search({**filters, **ui.window_params(key, since, until)},
                                  {"window": DEFAULT_WINDOW}, current_search)
+    twin = params.twin_href(TWIN, filters, window=(key, since, until), limit=ui.PAGE_SIZE)
     return (rows, ui.hidden_if(not rows), empty, ui.hidden_if(bool(rows)), store, prev_off,
-            next_off, label, search_value, ui.hidden_if(key != "custom"))
+            next_off, label, search_value, twin, ui.hidden_if(key != "custom"))
 
 
 dash.register_page(__name__, path="/messages", name="Messages", title="agentledger · messages",

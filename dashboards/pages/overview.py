@@ -12,13 +12,15 @@ from dashboards.page_registry import callback
 from queries.overview import overview
 
 P = "overview"
+TWIN = "/api/overview"
 
 
 def layout(window: str | None = None, since: str | None = None, until: str | None = None, **_):
     key = params.window_key(window)
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
-        ui.page_header("Overview", "What the ledger recorded in the window, and what runs now.", twin="/api/overview"),
+        ui.page_header("Overview", "What the ledger recorded in the window, and what runs now.",
+                       twin=TWIN, twin_id=f"{P}-json"),
         ui.window_picker(P, key, since, until),
         html.Div(className="mb-3"),
         ui.loading(html.Div([
@@ -66,6 +68,7 @@ def _table(rows: list[dict], columns: list[tuple[str, str]]) -> dbc.Table:
     Output(f"{P}-unfinished", "children"),
     Output(f"{P}-interruptions", "children"),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-window", "value"),
     Input(f"{P}-dates", "start_date"),
@@ -116,6 +119,7 @@ def refresh(window, since, until, current_search):
         interruptions,
         ui.url_search(ui.window_params(key, since, until), {"window": params.DEFAULT_WINDOW},
                       current_search),
+        params.twin_href(TWIN, window=(key, since, until)),
         ui.hidden_if(key != "custom"),
     )
 

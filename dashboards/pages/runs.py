@@ -12,6 +12,7 @@ from dashboards.page_registry import callback
 from queries.runs import RunFilters, list_runs
 
 P = "runs"
+TWIN = "/api/agent-runs"
 STATUSES = [o["value"] for o in ui.STATUS_FILTER_OPTIONS if o["value"] != ui.ANY]
 COLUMNS = [
     {"field": "created", "headerName": "Created", "width": 205},
@@ -32,7 +33,8 @@ def layout(status=None, agent=None, session=None, root=None, window=None, since=
     key = params.window_key(window)
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
-        ui.page_header("Runs", "Every execution, newest first. Open one to see its whole tree."),
+        ui.page_header("Runs", "Every execution, newest first. Open one to see its whole tree.",
+                       twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Status", dbc.Select(id=f"{P}-status",
                                                      options=ui.STATUS_FILTER_OPTIONS,
@@ -64,6 +66,7 @@ def load_agents(_pathname):
 @callback(
     *ui.paged_grid_outputs(P),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-status", "value"),
     Input(f"{P}-agent", "value"),
@@ -106,8 +109,11 @@ def explore(status, agent, session, root, window, since, until, _prev, _next, pa
                     "filters. Clear a filter or widen the time window.", className="mb-0")]
     search = ui.url_search({**values, **ui.window_params(key, since, until)},
                            {"window": params.DEFAULT_WINDOW}, current_search)
+    # GET /api/agent-runs takes no preset: the window goes as the bounds this page read.
+    twin = params.twin_href(TWIN, values, created_after=window_.start,
+                            created_before=window_.end, limit=ui.PAGE_SIZE)
     return (rows, ui.hidden_if(not rows), empty, ui.hidden_if(bool(rows)), store, prev_off,
-            next_off, label, search, ui.hidden_if(key != "custom"))
+            next_off, label, search, twin, ui.hidden_if(key != "custom"))
 
 
 dash.register_page(__name__, path="/runs", name="Runs", title="agentledger · runs", order=3,

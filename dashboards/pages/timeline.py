@@ -13,6 +13,7 @@ from dashboards.page_registry import callback
 from queries.status_timeline import TimelineFilters, status_timeline
 
 P = "timeline"
+TWIN = "/api/timeline"
 DEFAULT_WINDOW = "24h"
 LIMITS = ("50", "100", "300", "1000")
 ALIGNS = {"start": "each run from 0", "clock": "wall clock"}
@@ -26,7 +27,8 @@ def layout(status=None, agent=None, roots=None, limit=None, align=None, window=N
         dcc.Location(id=f"{P}-url", refresh=False),
         dcc.Location(id=f"{P}-nav", refresh="callback-nav"),
         ui.page_header("Status timeline", "Queued (grey), then running, coloured by how each run "
-                       "ended. Click a bar to open its run tree.", twin="/api/timeline"),
+                       "ended. Click a bar to open its run tree.", twin=TWIN,
+                       twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Status", dbc.Select(id=f"{P}-status",
                                                      options=ui.STATUS_FILTER_OPTIONS,
@@ -60,6 +62,7 @@ def load_agents(_pathname):
     Output(f"{P}-chart", "figure"),
     Output(f"{P}-note", "children"),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Output(f"{P}-dates-col", "style"),
     Input(f"{P}-status", "value"),
     Input(f"{P}-agent", "value"),
@@ -94,7 +97,12 @@ def draw(status, agent, roots, limit, align, window, since, until, current_searc
     search = ui.url_search({**values, **ui.window_params(key, since, until)},
                            {"window": DEFAULT_WINDOW, "roots": "all", "limit": "100",
                             "align": "start"}, current_search)
-    return (figures.timeline(found.rows, align=values["align"]), note, search,
+    # The twin's first page is the page's runs (the most recent ``limit``); past a twin page's
+    # most rows its next_cursor has the rest. The time axis is only how the page draws them.
+    twin = params.twin_href(TWIN, {"status": values["status"], "agent": values["agent"]},
+                            window=(key, since, until), roots_only=values["roots"] == "roots",
+                            limit=min(int(values["limit"]), params.TWIN_MAX_LIMIT))
+    return (figures.timeline(found.rows, align=values["align"]), note, search, twin,
             ui.hidden_if(key != "custom"))
 
 
