@@ -499,3 +499,66 @@ def test_kind_external_registers_but_no_worker_claims_its_runs(world):
                           json={"executor_instance_id": "otlp-claim-check", "max_runs": 50})
     assert claim.status_code == 200
     assert claim.json()["runs"] == []  # every OTLP run was written terminal
+
+
+def test_a_settle_period_takes_a_distributed_trace_whose_root_is_exported_first(world, tmp_path):
+    """Two services of one trace, each with the real SDK exporter: the front service's agent span
+    ends and is exported before the tool service's spans under it (their work outlived it). A
+    server with ``AGENTLEDGER_OTLP_SETTLE_SECONDS`` writes one whole run once the trace is quiet;
+    one without it writes the root at once and reports the later spans as rejected."""
+    from opentelemetry.trace import set_span_in_context
+
+    settling = ServerProcess(world["url"], tmp_path, env={
+        "AGENTLEDGER_OTLP_SETTLE_SECONDS": "3", "AGENTLEDGER_RECONCILE_SECONDS": "0.2"})
+    try:
+        def export(base_url: str) -> tuple[str, list[int]]:
+            rejected: list[int] = []
+
+            def count_rejected(reply, *args, **kwargs):
+                if reply.ok:
+                    rejected.append(ExportTraceServiceResponse.FromString(
+                        reply.content).partial_success.rejected_spans)
+
+            session = requests.Session()
+            session.hooks["response"].append(count_rejected)
+
+            def provider_for(service: str) -> TracerProvider:
+                tp = TracerProvider(resource=Resource.create({"service.name": service}))
+                tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+                    endpoint=base_url + TRACES, session=session,
+                    headers={"Authorization": f"Bearer {world['tokens']['executor']}"})))
+                return tp
+
+            front, tools = provider_for("front"), provider_for("tools")
+            with front.get_tracer("t").start_as_current_span("invoke_agent concierge", attributes={
+                    "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "Concierge",
+                    "input.value": "book a table", "output.value": "booked for 8"}) as root:
+                trace_id = format(root.get_span_context().trace_id, "032x")
+                tool = tools.get_tracer("t").start_span(
+                    "execute_tool reserve", context=set_span_in_context(root), attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "reserve",
+                        "gen_ai.tool.call.id": "r1", "gen_ai.tool.call.arguments": '{"at": 8}',
+                        "gen_ai.tool.call.result": "ok"})
+            tool.end()  # after the root was exported
+            front.shutdown()
+            tools.shutdown()
+            return trace_id, rejected
+
+        db = world["db"]
+        trace, rejected = export(settling.base_url)
+        assert rejected == [0, 0]
+        assert runs_of(db, trace) == []  # waiting for the trace to be quiet
+        assert wait_until(lambda: len(runs_of(db, trace)) == 1, timeout=30)
+        (run,) = runs_of(db, trace)
+        assert run.status == "succeeded" and answer_of(db, run) == "booked for 8"
+        assert [t for t, _ in events_of(db, run.id)] == [
+            "run.queued", "run.started", "tool.call", "tool.result", "run.completed"]
+
+        trace, rejected = export(world["servers"][0].base_url)
+        assert rejected == [0, 1]
+        (run,) = runs_of(db, trace)
+        assert [t for t, _ in events_of(db, run.id)] == [
+            "run.queued", "run.started", "run.completed"]
+        verify(world)
+    finally:
+        settling.stop()
