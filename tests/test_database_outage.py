@@ -141,6 +141,23 @@ def test_a_read_block_and_a_write_are_not_run_again_but_the_next_ones_work(unpin
         assert s.execute(text("SELECT 3")).scalar_one() == 3
 
 
+@pytest.mark.pg_only
+def test_a_connection_in_use_when_the_pools_are_renewed_is_closed_not_left_open(unpinged_db):
+    """Renewing the pools replaces every connection opened until then, also one another thread
+    holds at that moment: once given back it is closed at the next checkout (or when the pool
+    is disposed), never left open for the garbage collector (psycopg's ResourceWarning)."""
+    db = unpinged_db
+    held = db.engine.connect()
+    held.execute(text("SELECT 1"))
+    raw = held.connection.dbapi_connection
+    db._renew_pools()  # as after another thread's statement found its connection closed
+    held.close()  # given back after the renewal
+    with db.engine.connect() as again:
+        again.execute(text("SELECT 1"))
+        assert again.connection.dbapi_connection is not raw  # replaced, not reused
+    assert raw is not None and raw.closed
+
+
 # ---- PostgreSQL: the server closes the app's connections ---------------------------------------
 
 

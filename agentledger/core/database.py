@@ -506,9 +506,12 @@ class Database:
         request of its own. SQLAlchemy renews the pool of a failure it executed itself, but not
         for a statement run on the driver (``core.driver_statements``), nor the other pool."""
         for engine in (self.engine, self.primary_read_engine):
-            # A new pool; the old one's idle connections are closed now, and the ones in use
-            # when they are given back.
-            engine.dispose()
+            # What SQLAlchemy does to a pool after a disconnect it saw: every connection opened
+            # until now is closed and replaced at its next checkout, those in use included
+            # once they are given back. (``dispose`` made a new pool instead, and the old one
+            # never closed the connections given back to it after: they stayed open until the
+            # garbage collector found them.)
+            engine.pool._invalidate(None)  # type: ignore[arg-type]
 
     def _committed(self, notifications) -> None:
         """What follows a commit: the request reads its own write, listeners hear it."""
