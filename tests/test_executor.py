@@ -571,16 +571,18 @@ def test_progress_events_emitted_together_share_the_ending_transaction(db, execu
 
 def test_a_progress_event_is_in_the_ledger_soon_while_the_agent_works_on(db, executors, test_kind):
     """An emitted delta waits at most APPEND_DELAY (20 ms) for company: an agent that then
-    works for a second does not hold it back."""
+    works on does not hold it back. The agent's next step is 30 s away; the delta must be in
+    the ledger long before it (how soon is the benchmark's to measure, not this test's: on a
+    busy two-core machine a poll of the ledger alone took most of a second)."""
     seen_at: list[float] = []
     release = threading.Event()
 
     def slow(ctx):
         ctx.say("first words")
         emitted = time.monotonic()
-        wait_until(lambda: "message.delta" in types(db, ctx.run_id), timeout=5, interval=0.01)
+        wait_until(lambda: "message.delta" in types(db, ctx.run_id), timeout=20, interval=0.01)
         seen_at.append(time.monotonic() - emitted)
-        release.wait(5)
+        release.wait(30)
         return "done"
 
     test_kind("slow-talker", slow)
@@ -588,11 +590,11 @@ def test_a_progress_event_is_in_the_ledger_soon_while_the_agent_works_on(db, exe
     posted = post(db, make_session(db, agent_id="slow-talker"), "x")
     executors.start()
     try:
-        wait_until(lambda: seen_at, timeout=10)
+        wait_until(lambda: seen_at, timeout=25)
     finally:
         release.set()
     wait_terminal(db, posted.run_id)
-    assert seen_at[0] < 0.5  # 20 ms plus a busy machine's scheduling, far below the 5 s wait
+    assert seen_at[0] < 10  # not held for the agent's next step, 30 s later
     assert types(db, posted.run_id) == ["run.queued", "run.started", "message.delta",
                                         "run.completed"]
 
