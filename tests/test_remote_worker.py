@@ -289,28 +289,30 @@ def test_sigterm_interrupts_every_run_the_worker_holds_parents_waiting_on_childr
     assert "no longer ours" not in log and "could not record" not in log, log
 
 
-# A lease that outlasts the server's restart: a new serve process takes over 10 s to answer on
-# a slow, busy machine (the full suite on two slow cores), and this test is about a restart
-# inside the lease, not about one that outlasts it (that run ends lease_expired, as it should).
-RESTART_LEASE = 40
+# The server stays down longer than any fixed retry budget short of a lease would allow (25 s),
+# and a new serve process takes over 10 s to answer on a slow, busy machine (the full suite on
+# two slow cores): the lease outlasts both, since this test is about a restart inside the lease,
+# not about one that outlasts it (that run ends lease_expired, as it should).
+RESTART_DOWN_SECONDS, RESTART_LEASE = 25, 75
 
 
 @pytest.mark.parametrize("lease", [RESTART_LEASE])
 def test_a_run_goes_on_when_its_server_restarts_while_it_works(db, db_url, cluster, procs, lease):
-    """The server is killed while a remote worker's run sleeps, and is back a few seconds
+    """The server is killed while a remote worker's run sleeps, and is back half a minute
     later: the write the run makes meanwhile never reached the server, so it is tried again
-    until the server answers, and the run ends as it would have, with every word of it."""
+    while the lease may hold, and the run ends as it would have, with every word of it."""
     api, worker = cluster["api"], cluster["worker"]
     api.register_agent("patient", params={"steps": [
         {"say": "one "}, {"sleep": 1}, {"say": "two "}, {"sleep": 1}, {"say": "three"}]})
-    worker("remote-patient", concurrency=1)
+    proc = worker("remote-patient", concurrency=1)
     run_id = api.send(api.new_session("patient"), "go")
     wait_until(lambda: "message.delta" in types(db, run_id), timeout=30)
     server = cluster["server"]
     server.kill_group()
     server.wait(10)
-    time.sleep(3)  # "two " is written while the server is down
+    time.sleep(RESTART_DOWN_SECONDS)  # "two " is written while the server is down
     procs.serve(db_url, port=server.port, **timing(lease))
     wait_terminal(db, [run_id], timeout=90)
-    assert status(db, run_id) == "succeeded", assert_one_terminal_event(db, run_id).data
+    assert status(db, run_id) == "succeeded", (assert_one_terminal_event(db, run_id).data,
+                                               proc.log()[-4000:])
     assert message_content(db, run(db, run_id).final_message_id) == "one two three"

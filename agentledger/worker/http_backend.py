@@ -18,6 +18,7 @@ from datetime import datetime
 
 from agentledger.agent_kinds import AgentFailed
 from agentledger.client import ApiError, ExecutorClient
+from agentledger.core.config import Settings
 from agentledger.core.errors import (
     FrameworkUnavailable,
     InvalidRequest,
@@ -38,10 +39,11 @@ _CLAIMED_FIELDS = {f.name for f in dataclasses.fields(ClaimedRun)}
 # notification starts a run, and how long stopping waits for the claim in flight (a waiting
 # claim takes no run); an idle worker claims about once per period.
 CLAIM_WAIT_SECONDS = 1.0
-# How long a run's write that cannot reach the server is tried again. Below the default lease
-# (30 s), which a server back within it still holds for the run; the run's thread waits
+# A run's write that cannot reach the server is tried again for as long as the worker's lease
+# (``claim``'s ``lease_seconds``): heartbeats cannot reach the server either, so past that the
+# lease has certainly expired and the server would refuse the write (``lease_lost``); within it
+# a server back from a restart still holds the run for this worker. The run's thread waits
 # meanwhile, as it would for a slow answer.
-APPEND_UNSENT_SECONDS = 20.0
 
 
 def _ledger_errors() -> dict[str, type[LedgerError]]:
@@ -121,10 +123,13 @@ class HttpBackend:
         self.client = client
         self.instance_id = client.instance_id
         self.claim_wait_seconds = claim_wait_seconds
+        # The lease of the latest claim (a run is appended to only once claimed).
+        self.lease_seconds = Settings.lease_seconds
         self.notifier = PollingNotifier(
             poll_seconds, queue_poll_seconds=0 if claim_wait_seconds else None)
 
     def claim(self, max_runs: int, lease_seconds: float) -> list[ClaimedRun]:
+        self.lease_seconds = lease_seconds
         try:
             with _as_ledger_errors():
                 found = self.client.claim(max_runs, lease_seconds=lease_seconds,
@@ -149,11 +154,11 @@ class HttpBackend:
         return Heartbeat(datetime.fromisoformat(beat["lease_expires_at"]), beat["cancel_requested"])
 
     def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
-        # A run's write that could not reach the server is repeated for a while (it certainly
-        # never arrived): a server restarting, or a connection refused for a few seconds, no
-        # longer drops the run to end at its lease's expiry with what it said so far lost.
+        # A write that certainly never arrived is repeated while the lease may hold: a server
+        # restarting, or refusing connections for a while, does not drop the run to end at its
+        # lease's expiry with what it said so far lost.
         with _as_ledger_errors():
-            done = self.client.append(run_id, events, unsent_seconds=APPEND_UNSENT_SECONDS)
+            done = self.client.append(run_id, events, unsent_seconds=self.lease_seconds)
         ending = TERMINAL_STATUS.get(events[-1][0]) if events else None
         status = ending or ("cancelling" if done["cancel_requested"] else "running")
         return AppendResult(run_id, done["seqs"], status, done["cancel_requested"])
