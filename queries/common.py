@@ -12,6 +12,7 @@ from sqlalchemy import literal, text, tuple_
 
 from agentledger.core.database import outside_transaction
 from agentledger.core.errors import InvalidRequest
+from agentledger.core.hashing import is_storable_text
 from agentledger.core.schema import AgentRun
 from queries.visibility import run_visible_to, session_visible_to  # noqa: F401 - re-exported
 
@@ -53,7 +54,7 @@ def decode_cursor(cursor: str, size: int) -> list[Any]:
             or not all(isinstance(v, str) for v in values)):
         raise BadCursor("cursor is not valid")
     # JSON escapes can spell what no id holds and neither database takes: NUL, lone surrogates.
-    if any("\x00" in v or any("\ud800" <= c <= "\udfff" for c in v) for v in values):
+    if not all(is_storable_text(v) for v in values):
         raise BadCursor("cursor is not valid")
     return values
 

@@ -17,6 +17,7 @@ from flask import Blueprint, g, request
 from pydantic import BaseModel, ValidationError
 
 from agentledger.core.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
+from agentledger.core.hashing import is_storable_text
 from agentledger.core.json_limits import TOO_DEEP, nests_too_deep
 from agentledger.core.vocabulary import READER_ROLES, WRITER_ROLES
 
@@ -83,14 +84,9 @@ def parse_body(model: type[BaseModel]) -> tuple[BaseModel, dict]:
         raise ValidationFailed(_pydantic_message(exc)) from exc
 
 
-def _storable_text(value: str) -> bool:
-    """Text a database can hold: no NUL, no lone surrogates (ids never contain either)."""
-    return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
-
-
 def parse_query(model: type[BaseModel]) -> BaseModel:
     for name, value in request.args.items(multi=True):
-        if not _storable_text(name) or not _storable_text(value):
+        if not is_storable_text(name) or not is_storable_text(value):
             raise InvalidRequest(f"query parameter {name!r} contains characters that are not allowed")
     try:
         return model.model_validate(request.args.to_dict())
@@ -122,7 +118,7 @@ class ApiRegistry:
                         raise Forbidden(f"the {principal.role} role may not use {op.method} {op.path}")
                     g.principal = principal
                 for value in path_args.values():
-                    if not _storable_text(value):
+                    if not is_storable_text(value):
                         raise NotFound("no such object")
                 kwargs = dict(path_args)
                 if op.query is not None:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
+from agentledger.core.hashing import is_storable_text
 from agentledger.core.vocabulary import InterruptReason, RunStatus
 
 AGENT_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -27,14 +28,8 @@ class Strict(BaseModel):
 
 
 def _storable(value: str) -> str:
-    # Neither database stores NUL in text, and lone surrogates are not UTF-8.
-    if "\x00" in value:
+    if not is_storable_text(value):
         raise ValueError("must not contain NUL characters or lone surrogates")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")  # fails exactly on lone surrogates (U+D800..U+DFFF)
-        except UnicodeEncodeError:
-            raise ValueError("must not contain NUL characters or lone surrogates") from None
     return value
 
 

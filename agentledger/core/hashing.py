@@ -101,13 +101,24 @@ def storable_json(value: Any, where: str) -> Any:
 _TEXT_PROBLEM = "text may not contain NUL or lone surrogates"
 
 
-def _text(value: str) -> str:
+def is_storable_text(value: str) -> bool:
+    """Text both databases can hold: no NUL (neither stores it in text) and no lone surrogates
+    (not UTF-8; JSON escapes can spell them). The one rule for bodies, query parameters, path
+    segments and cursors alike."""
     if "\x00" in value:
-        raise _NotStorable("", _TEXT_PROBLEM)
+        return False
+    if value.isascii():
+        return True
     try:
         value.encode("utf-8")  # fails exactly on surrogate code points (U+D800..U+DFFF)
     except UnicodeEncodeError:
-        raise _NotStorable("", _TEXT_PROBLEM) from None
+        return False
+    return True
+
+
+def _text(value: str) -> str:
+    if not is_storable_text(value):
+        raise _NotStorable("", _TEXT_PROBLEM)
     return value
 
 
