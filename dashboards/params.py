@@ -101,7 +101,7 @@ def query_string(params: dict[str, object], defaults: dict[str, object] | None =
 TWIN_NAMES = {"q": "q", "agent": "agent_id", "owner": "owner_id", "session": "session_id",
               "root": "root_run_id", "status": "status", "reason": "reason",
               "executor": "executor_instance_id", "seen": "seen_minutes",
-              "risk": "at_risk_seconds"}
+              "risk": "at_risk_seconds", "action": "action", "actor": "actor"}
 # The most rows one twin page holds (its ``limit``); the twin's next_cursor goes on from there.
 TWIN_MAX_LIMIT = MAX_LIMIT
 

@@ -99,24 +99,42 @@ def test_cli_token_commands_are_logged(db, db_url):
     assert all(r.actor.startswith("cli:") for r in rows)
 
 
-def test_the_audit_page_lists_the_actions(db):
+def test_the_audit_page_lists_the_actions_and_links_them_as_json(db):
     app = make_app(db)
+    outputs = [("audit-grid", "rowData"), ("audit-grid", "style"), ("audit-empty", "children"),
+               ("audit-empty", "style"), ("audit-pager", "data"), ("audit-prev", "disabled"),
+               ("audit-next", "disabled"), ("audit-page-label", "children"),
+               ("audit-url", "search"), ("audit-json", "href")]
     try:
         keys = tokens(db)
         admin = app.test_client()
+        bearer = {"Authorization": f"Bearer {keys['admin']}"}
         assert admin.post("/api/agents", json={"id": "paged", "name": "P", "kind": "echo"},
-                          headers={"Authorization": f"Bearer {keys['admin']}"}).status_code == 201
+                          headers=bearer).status_code == 201
+        assert admin.put("/api/agents/paged", json={"id": "paged", "name": "P2", "kind": "echo"},
+                         headers=bearer).status_code == 200
         client = logged_in(app, keys["viewer"])
         assert client.get("/audit").status_code == 200
-        out = call(client,
-                   [("audit-grid", "rowData"), ("audit-grid", "style"), ("audit-empty", "children"),
-                    ("audit-empty", "style"), ("audit-pager", "data"), ("audit-prev", "disabled"),
-                    ("audit-next", "disabled"), ("audit-page-label", "children"),
-                    ("audit-url", "search")],
+        out = call(client, outputs,
                    [("audit-action", "value", "any"), ("audit-actor", "value", None),
                     ("audit-prev", "n_clicks", None), ("audit-next", "n_clicks", None)],
                    [("audit-pager", "data", None), ("audit-url", "search", "")])
         rows = out["audit-grid"]["rowData"]
-        assert [(r["action"], r["target"]) for r in rows] == [("agent.registered", "agent paged")]
+        assert [(r["action"], r["target"]) for r in rows] == [
+            ("agent.versioned", "agent paged"), ("agent.registered", "agent paged")]
+        assert out["audit-json"]["href"] == "/api/admin-actions?limit=50"
+        # The page's filters travel in its JSON link: followed, it returns the page's rows.
+        actor = rows[0]["actor"]
+        out = call(client, outputs,
+                   [("audit-action", "value", "agent.registered"), ("audit-actor", "value", actor),
+                    ("audit-prev", "n_clicks", None), ("audit-next", "n_clicks", None)],
+                   [("audit-pager", "data", None), ("audit-url", "search", "")])
+        href = out["audit-json"]["href"]
+        assert href == "/api/admin-actions?" + urlencode(
+            {"action": "agent.registered", "actor": actor, "limit": 50})
+        twin = admin.get(href, headers=bearer).get_json()["items"]
+        assert [(i["action"], i["actor"]) for i in twin] == [
+            (r["action"], r["actor"]) for r in out["audit-grid"]["rowData"]] == [
+            ("agent.registered", actor)]
     finally:
         app.extensions["agentledger"].close()

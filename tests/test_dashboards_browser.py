@@ -389,6 +389,18 @@ def test_agents_compares_two_versions(browser, served, facts):
     finish_page(browser, "agents")
 
 
+def test_audit_lists_the_admin_actions_its_json_link_returns(browser, served, facts):
+    open_page(browser, served, "/audit?action=agent.registered")
+    WebDriverWait(browser, WAIT).until(
+        lambda d: set(grid_column(d, "audit-grid", "action")) == {"agent.registered"})
+    finish_page(browser, "audit")
+    targets = grid_column(browser, "audit-grid", "target")
+    assert "agent slow-bot" in targets
+    twin, query = follow_json_link(browser, "audit", "action=agent.registered")
+    assert query == {"action": ["agent.registered"], "limit": ["50"]}
+    assert [f"{i['target_type']} {i['target_id']}" for i in twin["items"]] == targets
+
+
 def _open_the_last_events(browser, served, log: str, path: str, total: int) -> None:
     """Open ``path``, check its event log opens on seqs 1–200 of ``total``, click "Last »"."""
     open_page(browser, served, path)

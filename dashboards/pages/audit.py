@@ -16,6 +16,7 @@ from dashboards.page_registry import callback
 from queries.admin_actions import ActionFilters, admin_actions
 
 P = "audit"
+TWIN = "/api/admin-actions"
 ACTIONS = ADMIN_ACTIONS
 COLUMNS = [
     {"field": "at", "headerName": "When", "width": 205},
@@ -31,7 +32,7 @@ def layout(action=None, actor=None, **_):
     return html.Div([
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Admin actions", "Every administrative change, append-only: who did what, "
-                       "and when."),
+                       "and when.", twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Action", dbc.Select(
                 id=f"{P}-action", value=params.choice(action, ACTIONS, ui.ANY),
@@ -52,6 +53,7 @@ def layout(action=None, actor=None, **_):
 @callback(
     *ui.paged_grid_outputs(P),
     Output(f"{P}-url", "search"),
+    Output(f"{P}-json", "href"),
     Input(f"{P}-action", "value"),
     Input(f"{P}-actor", "value"),
     Input(f"{P}-prev", "n_clicks"),
@@ -79,8 +81,9 @@ def listing(action, actor, _prev, _next, pager, current_search):
              html.P("Nothing matches these filters. Token, agent, cancel and session-deletion "
                     "actions appear here as they happen.", className="mb-0")]
     search = ui.url_search(values, {}, current_search)
+    twin = params.twin_href(TWIN, values, limit=ui.PAGE_SIZE)
     return (rows, ui.hidden_if(not rows), empty, ui.hidden_if(bool(rows)), store, prev_off,
-            next_off, label, search)
+            next_off, label, search, twin)
 
 
 dash.register_page(__name__, path="/audit", name="Audit", title="agentledger · admin actions",
