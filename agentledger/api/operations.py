@@ -7,7 +7,6 @@ validation done before the view runs) and records an ``Operation`` from which
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentledger.core.errors import Forbidden, InvalidRequest, NotFound, ValidationFailed
 from agentledger.core.hashing import is_storable_text
-from agentledger.core.json_limits import TOO_DEEP, nests_too_deep
+from agentledger.core.json_limits import parse_json_body
 from agentledger.core.vocabulary import READER_ROLES, WRITER_ROLES
 
 READERS = READER_ROLES
@@ -63,15 +62,7 @@ def read_json_body() -> Any:
     raw = request.get_data(cache=True)
     if not raw.strip():
         raise InvalidRequest("the request needs a JSON body")
-    try:
-        payload = json.loads(raw)
-    except RecursionError as exc:
-        raise InvalidRequest(TOO_DEEP) from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-    if isinstance(payload, dict | list) and nests_too_deep(raw, payload):
-        raise InvalidRequest(TOO_DEEP)
-    return payload
+    return parse_json_body(raw)
 
 
 def parse_body(model: type[BaseModel]) -> tuple[BaseModel, dict]:

@@ -8,7 +8,10 @@ payload the ledger stores needs to nest anywhere near ``MAX_JSON_DEPTH``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from agentledger.core.errors import InvalidRequest
 
 MAX_JSON_DEPTH = 256
 TOO_DEEP = f"the body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays"
@@ -31,3 +34,17 @@ def nests_too_deep(raw: bytes | str, value: Any) -> bool:
         if not level:
             return False
     return True
+
+
+def parse_json_body(raw: bytes | str) -> Any:
+    """``raw`` parsed as JSON; ``InvalidRequest`` for text that is not JSON or that nests
+    deeper than ``MAX_JSON_DEPTH`` (before anything else walks it)."""
+    try:
+        payload = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidRequest(TOO_DEEP) from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    if isinstance(payload, dict | list) and nests_too_deep(raw, payload):
+        raise InvalidRequest(TOO_DEEP)
+    return payload

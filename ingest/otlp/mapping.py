@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from typing import Any
+
+from agentledger.core.errors import LedgerError
+from agentledger.core.hashing import storable_json
+from agentledger.core.json_limits import parse_json_body
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _SLUG = re.compile(r"[^a-z0-9]+")
@@ -19,13 +22,17 @@ _JSON_SPACE = " \t\n\r"
 
 
 def _json(value: Any) -> Any:
+    """An attribute's text as the JSON it holds (tool arguments, instructions, tool lists), or
+    the text as sent when it holds none the ledger could store: not JSON, nested deeper than
+    ``MAX_JSON_DEPTH``, or spelling what neither database keeps (NaN, infinities, NUL, lone
+    surrogates, all of which JSON escapes and Python's decoder let through)."""
     if isinstance(value, str):
         start = value.lstrip(_JSON_SPACE)[:1]
         if start not in _JSON_START:
             return value
         try:
-            return json.loads(value)
-        except ValueError:
+            return storable_json(parse_json_body(value), "")
+        except (LedgerError, RecursionError):
             return value
     return value
 

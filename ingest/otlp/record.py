@@ -25,6 +25,7 @@ from typing import cast
 import orjson
 from sqlalchemy import (
     Select,
+    String,
     Text,
     bindparam,
     func,
@@ -42,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
 from agentledger.core.database import Database
-from agentledger.core.errors import Conflict, LedgerError
+from agentledger.core.errors import Conflict, LedgerError, ValidationFailed
 from agentledger.core.hashing import storable_json
 from agentledger.core.ids import new_id
 from agentledger.core.redaction import NO_REDACTION, Redactor
@@ -63,6 +64,8 @@ from ingest.otlp.wire import ReceivedSpan
 log = logging.getLogger("ingest.otlp")
 
 DEFAULT_QUIET_SECONDS = 60.0
+# The longest model name an agent version holds (its column).
+_MODEL_LENGTH = cast(String, AgentVersion.__table__.c.model.type).length or 200
 NOT_RECORDED = ""  # run_id of a span kept but not recorded in any run
 _INSERT_CHUNK = 500
 
@@ -119,7 +122,8 @@ def span_rows(owner_id: str, spans: list[ReceivedSpan],
         attrs, problem = _clean(attrs, f"span {span.span_id} attributes")
         name, problem2 = _clean(name, "span name")
         status_message, problem3 = _clean(status_message, "status message")
-        problem = problem or problem2 or problem3
+        service, problem4 = _clean(service, "service.name")
+        problem = problem or problem2 or problem3 or problem4
         if problem:
             refusals.append(problem)
             continue
@@ -331,6 +335,9 @@ def _ensure_agent(session: Session, agent_id: str, observed: _Observed) -> tuple
     ``external`` or adding a version when an observed model, instructions or tools differ from
     the current version's. An id that belongs to an agent of another kind is not touched:
     ``<id>-external`` is used instead."""
+    if observed.model is not None and len(observed.model) > _MODEL_LENGTH:
+        raise ValidationFailed(f"the model name {observed.model[:40]!r}… is longer than "
+                               f"{_MODEL_LENGTH} characters")
     for candidate in (agent_id, f"{agent_id[:54]}-external"):
         latest = session.execute(
             dialect.for_update(select(Agent.latest_version).where(Agent.id == candidate), session)
@@ -418,37 +425,53 @@ def _read_known(s: Session, trees: list[tuple[_Node, int]]) -> _Known:
     return _Known(definitions, conversations, titles, current, mapped)
 
 
-def _agents_and_sessions(db: Database, trees: list[tuple[_Node, int]], known: _Known
-                         ) -> tuple[dict[str, tuple[str, int]], dict[str, str]]:
+def _known_agents_and_sessions(trees: list[tuple[_Node, int]], known: _Known
+                               ) -> tuple[dict[str, tuple[str, int]], dict[str, str]] | None:
     """The (agent id, version) of every run of the trees and the chat session of each root run
-    that names a conversation. The write transaction that registers agents, adds versions or
-    creates sessions runs only when something is missing from ``known`` (agent versions are
-    immutable, so what was read stays true)."""
-    definitions, conversations = known.definitions, known.conversations
+    that names a conversation, when ``known`` holds them all (agent versions are immutable, so
+    what was read stays true); None when an agent must be registered, a version added or a
+    session created (``_agents_and_sessions``, in the transaction that writes the runs)."""
     agents: dict[str, tuple[str, int]] = {}
-    for run_id, (agent_id, observed) in definitions.items():
+    for node in (node for top, _seen in trees for node in _nodes(top)):
+        agent_id, observed = known.definitions[node.run_id]
         found = _current_version(known.current, agent_id, observed)
-        if found is not None:
-            agents[run_id] = found
-    sessions = {run_id: known.mapped[key] for run_id, key in conversations.items()
-                if key in known.mapped}
-    if len(agents) == len(definitions) and len(sessions) == len(conversations):
-        return agents, sessions
-    with db.write() as s:
-        resolved: dict[tuple, tuple[str, int]] = {}
-        for run_id, (agent_id, observed) in definitions.items():
-            if run_id in agents:
-                continue
-            key = (agent_id, observed)
-            if key not in resolved:
-                resolved[key] = _ensure_agent(s, agent_id, observed)
-            agents[run_id] = resolved[key]
-        for top, _seen in trees:
-            if top.run_id in conversations and top.run_id not in sessions:
-                owner_id, conversation = conversations[top.run_id]
-                sessions[top.run_id] = _session_for(s, owner_id, conversation,
-                                                    known.titles[top.run_id],
-                                                    agents[top.run_id][0], top.row.start_at)
+        if found is None:
+            return None
+        agents[node.run_id] = found
+    sessions = {}
+    for top, _seen in trees:
+        key = known.conversations.get(top.run_id)
+        if key is not None:
+            if key not in known.mapped:
+                return None
+            sessions[top.run_id] = known.mapped[key]
+    return agents, sessions
+
+
+def _agents_and_sessions(s: Session, trees: list[tuple[_Node, int]], known: _Known
+                         ) -> tuple[dict[str, tuple[str, int]], dict[str, str]]:
+    """What ``_known_agents_and_sessions`` answers, registering agents, adding versions and
+    creating sessions where needed, in the caller's transaction: a tree that then cannot be
+    written leaves no agent or session behind. Agents are locked in id order, so that two
+    requests registering the same agents never wait for each other in a cycle."""
+    conversations = known.conversations
+    definitions = {node.run_id: known.definitions[node.run_id]
+                   for top, _seen in trees for node in _nodes(top)}
+    agents: dict[str, tuple[str, int]] = {}
+    resolved: dict[tuple, tuple[str, int]] = {}
+    for run_id, (agent_id, observed) in sorted(definitions.items(), key=lambda d: d[1][0]):
+        key = (agent_id, observed)
+        if key not in resolved:
+            resolved[key] = (_current_version(known.current, agent_id, observed)
+                             or _ensure_agent(s, agent_id, observed))
+        agents[run_id] = resolved[key]
+    sessions: dict[str, str] = {}
+    for top, _seen in trees:
+        if top.run_id in conversations:
+            key = conversations[top.run_id]
+            sessions[top.run_id] = known.mapped.get(key) or _session_for(
+                s, key[0], key[1], known.titles[top.run_id], agents[top.run_id][0],
+                top.row.start_at)
     return agents, sessions
 
 
@@ -593,25 +616,39 @@ _CLAIM_JSON = text(
     "WHERE s.trace_id = c.trace_id AND s.span_id = c.span_id AND s.run_id IS NULL")
 
 
+@dataclass
+class Refusals:
+    """Run trees that can never be recorded (what their spans say makes an event or an agent
+    the ledger refuses): the keys of their spans, marked ``NOT_RECORDED``, and why."""
+
+    keys: set[tuple[str, str]] = field(default_factory=set)
+    messages: list[str] = field(default_factory=list)
+
+
 def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known,
-                 claim: Callable[[Session, list[tuple[_Node, int]]], bool] | None = None
-                 ) -> int | None:
+                 claim: Callable[[Session, list[tuple[_Node, int]]], bool] | None = None,
+                 refused: Refusals | None = None) -> int | None:
     """Write the trees (each with the number of its trace's spans it was built from) in one
-    transaction. 0 when another server recorded one of them first (``claim``, by default the
-    compare-and-set on stored spans, answered False), None when spans of a trace arrived since
-    it was read: the caller rebuilds. All or nothing."""
+    transaction, with the agents and sessions they need. 0 when another server recorded one of
+    them first (``claim``, by default the compare-and-set on stored spans, answered False), or
+    when the ledger refuses one of several trees (the caller writes them one by one); None when
+    spans of a trace arrived since it was read: the caller rebuilds. All or nothing. A single
+    tree the ledger refuses is marked not recorded and noted in ``refused`` (None: it is left
+    as it is, and 0 returned)."""
     claim = claim or _claim
-    agents, sessions = _agents_and_sessions(db, trees, known)
-    imported = [_imported(top, agents, top.row.owner_id, sessions.get(top.run_id))
-                for top, _seen in trees]
     importer = BulkImporter(db)
-    # SQLite: built before the write transaction, whose BEGIN IMMEDIATE holds the write lock.
-    # PostgreSQL: inside it, before the claims take any row lock.
-    batch = None if db.is_postgres else importer.prepare(imported)
+    found = _known_agents_and_sessions(trees, known)
+    batch = None
     try:
+        if found is not None and not db.is_postgres:
+            # SQLite: built before the write transaction, whose BEGIN IMMEDIATE holds the
+            # write lock (unless agents or sessions must be written first, in that transaction).
+            batch = importer.prepare(_imported_trees(trees, *found))
         with db.write() as s:
+            # PostgreSQL: inside it, before the claims take any row lock.
             if batch is None:
-                batch = importer.prepare_in(s, imported)
+                agents, sessions = found or _agents_and_sessions(s, trees, known)
+                batch = importer.prepare_in(s, _imported_trees(trees, agents, sessions))
             if not claim(s, trees):
                 raise _Lost(0)
             # Counted after the claims: a span stored by a request that committed before this
@@ -623,8 +660,35 @@ def _write_trees(db: Database, trees: list[tuple[_Node, int]], known: _Known,
             importer.write_prepared(s, batch)
     except _Lost as lost:
         return lost.args[0]
-    assert batch is not None
+    except LedgerError as exc:
+        if refused is not None and len(trees) == 1:
+            _refuse(db, trees[0][0], exc.message, refused)
+        return 0
     return batch.tally()[0]
+
+
+def _imported_trees(trees: list[tuple[_Node, int]], agents: dict[str, tuple[str, int]],
+                    sessions: dict[str, str]) -> list[ImportedRun]:
+    return [_imported(top, agents, top.row.owner_id, sessions.get(top.run_id))
+            for top, _seen in trees]
+
+
+def _refuse(db: Database, top: _Node, problem: str, refused: Refusals) -> None:
+    """Mark the spans of a tree the ledger refuses ``NOT_RECORDED`` (where no run took them
+    meanwhile): kept, never recorded, and never looked at again by the quiet-trace flush."""
+    keys = [(node.row.trace_id, span.span_id) for node in _nodes(top)
+            for span in (node.row, *node.content)]
+    with db.write() as s:
+        marked = s.execute(
+            update(OtlpSpan).where(tuple_(OtlpSpan.trace_id, OtlpSpan.span_id).in_(keys),
+                                   OtlpSpan.run_id.is_(None))
+            .values(run_id=NOT_RECORDED).returning(OtlpSpan.trace_id, OtlpSpan.span_id)
+        ).tuples().all()
+    message = (f"the run of agent span {top.row.span_id} (trace {top.row.trace_id}) cannot be "
+               f"recorded: {problem}")
+    log.warning("%s; its %d span(s) are kept, not recorded", message, len(marked))
+    refused.keys.update(marked)
+    refused.messages.append(message)
 
 
 def _quiet(rows: list[_Span], now: datetime, quiet_seconds: float) -> bool:
@@ -759,8 +823,11 @@ def _trace_rows(s: Session, trace_ids, known: dict | None = None) -> dict[str, l
 
 
 def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: float,
-                  *, force: bool = False, settle_seconds: float = 0.0) -> int:
-    """Write every run tree of the trace that is ready; returns how many runs were written."""
+                  *, force: bool = False, settle_seconds: float = 0.0,
+                  refused: Refusals | None = None) -> int:
+    """Write every run tree of the trace that is ready; returns how many runs were written.
+    A tree the ledger refuses is marked not recorded (and noted in ``refused``)."""
+    refused = Refusals() if refused is None else refused
     written = 0
     for _attempt in range(5):
         with db.read(primary=True) as s:
@@ -773,7 +840,7 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
             break
         stale = False
         for tree in trees:
-            count = _write_trees(db, [tree], looked_up)
+            count = _write_trees(db, [tree], looked_up, refused=refused)
             if count is None:
                 stale = True
                 break
@@ -784,10 +851,12 @@ def process_trace(db: Database, trace_id: str, now: datetime, quiet_seconds: flo
 
 
 def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_seconds: float,
-                   known: dict | None = None, *,
-                   settle_seconds: float = 0.0) -> tuple[int, set[str]]:
+                   known: dict | None = None, *, settle_seconds: float = 0.0,
+                   refused: Refusals | None = None) -> tuple[int, set[str]]:
     """All ready trees of these traces in one transaction; when another server got in the way
-    (a tree claimed, or spans added meanwhile), trace by trace instead (re-read in full).
+    (a tree claimed, or spans added meanwhile) or the ledger refuses one of the trees, trace by
+    trace instead (re-read in full). A tree the ledger refuses is marked not recorded (and
+    noted in ``refused``); the others are written.
 
     Returns the runs written and the traces this left with no span waiting and none of
     ``known`` settled by someone else: ``_mark_late`` has nothing to do for those (a span
@@ -800,11 +869,13 @@ def process_traces(db: Database, trace_ids: set[str], now: datetime, quiet_secon
         looked_up = _read_known(s, trees) if trees else None
     if looked_up is None:
         return 0, set()
+    refused = Refusals() if refused is None else refused
     if len({tree.row.trace_id for tree, _ in trees}) == len(trees):
-        written = _write_trees(db, trees, looked_up)
+        written = _write_trees(db, trees, looked_up, refused=refused)
         if written:
             return written, _settled(by_trace, trees, known or {})
-    return sum(process_trace(db, t, now, quiet_seconds, settle_seconds=settle_seconds)
+    return sum(process_trace(db, t, now, quiet_seconds, settle_seconds=settle_seconds,
+                             refused=refused)
                for t in sorted(by_trace)), set()
 
 
@@ -889,16 +960,21 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
         _lock_traces(s, {t for t, _ in new}, exclusive=False)
     outcome.new = len(new)
     traces = {t for t, _ in new}
+    refused = Refusals()
     if traces:
         # The rows just stored are handed on rather than read back.
         fresh = set(new)
         known = {key: row for key, row in firsts.items() if key in fresh}
         written, settled = process_traces(db, traces, now, quiet_seconds, known,
-                                          settle_seconds=settle_seconds)
+                                          settle_seconds=settle_seconds, refused=refused)
         outcome.runs_written += written
         traces -= settled
+    mine = refused.keys & set(new)
+    if mine:
+        outcome.rejected += len(mine)
+        outcome.messages += refused.messages
     if traces:
-        late = _mark_late(db, traces, set(new), force=False)
+        late = _mark_late(db, traces, set(new) - mine, force=False)
         if late:
             outcome.rejected += late
             outcome.messages.append(f"{late} span(s) arrived after the run they belong to "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from agentledger.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from agentledger.core.json_limits import parse_json_body
 
 MAX_DECODED_BYTES = 16 * 1024 * 1024
 PROTOBUF = "application/x-protobuf"
@@ -110,10 +110,7 @@ def decode_export(body: bytes, content_type: str | None,
         except DecodeError as exc:
             raise InvalidRequest(f"the body is not an OTLP protobuf trace export: {exc}") from exc
         return request, kind
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    payload = parse_json_body(raw)
     _hex_ids_to_base64(payload)
     try:
         json_format.ParseDict(payload, request, ignore_unknown_fields=True)
