@@ -300,6 +300,72 @@ def test_registration_through_the_api_is_422_and_writes_nothing(api):
     assert reply.status == 201, reply
 
 
+# ---- async parts: the kind drives graphs with the sync ``graph.stream`` ------------------
+
+ASYNC = "support.async_graphs"
+SYNC_ONLY = "nodes must be synchronous functions (def, not async def) for the langgraph kind"
+
+
+@pytest.mark.parametrize(("graph", "named"), [
+    ("with_async_node", 'params.graph: node "b" is an async function'),
+    ("with_async_edge", 'conditional edge "route" from node "a" is an async function'),
+    ("with_async_tool", 'tool "lookup" of node "tools" is an async function'),
+    ("with_async_subgraph", 'node "team" > node "b" is an async function'),
+])
+def test_registration_refuses_a_graph_with_async_parts(graph, named):
+    with pytest.raises(ValueError) as refused:
+        validate_definition("langgraph", {"graph": f"{ASYNC}:{graph}"})
+    assert named in str(refused.value) and SYNC_ONLY in str(refused.value)
+    assert "No synchronous function" not in str(refused.value)
+    validate_definition("langgraph", {"graph": f"{ASYNC}:plain"})  # its sync twin
+    validate_definition("langgraph", {"graph": f"{ASYNC}:build_async"})  # the run will tell
+
+
+def test_registering_an_async_node_graph_through_the_api_is_422_and_writes_nothing(api):
+    before = api.get("/api/agents", token=api.admin).json()
+    body = {"id": "async-graph", "name": "Async", "kind": "langgraph",
+            "params": {"graph": f"{ASYNC}:with_async_node"}}
+    reply = api.post("/api/agents", token=api.admin, json=body)
+    assert reply.status == 422, reply
+    error = reply.json()["error"]
+    assert error["code"] == "validation_error"
+    assert 'node "b"' in error["message"] and SYNC_ONLY in error["message"]
+    assert api.get("/api/agents", token=api.admin).json() == before
+
+    good = {**body, "params": {"graph": f"{ASYNC}:plain"}}
+    assert api.post("/api/agents", token=api.admin, json=good).status == 201
+    registered = api.get("/api/agents/async-graph", token=api.admin).json()
+    reply = api.request("PUT", "/api/agents/async-graph", token=api.admin, json=body)
+    assert reply.status == 422, reply
+    assert 'node "b"' in reply.json()["error"]["message"]
+    assert api.get("/api/agents/async-graph", token=api.admin).json() == registered
+
+
+@pytest.mark.parametrize("graph", [
+    "with_async_node",  # registered as it was before its module changed (no check now)
+    "build_async",  # a factory's graph: only the run sees it
+])
+def test_a_graph_found_async_at_run_time_fails_the_run_saying_why(lg_db, executors, graph):
+    graph_agent(lg_db, "later-async", graph=f"{ASYNC}:{graph}")
+    session = make_session(lg_db, agent_id="later-async")
+    executors.start()
+    run_id, end = ask(lg_db, session, "hi")
+    assert end.type == "run.failed"
+    error = end.data["error"]
+    assert error["code"] == "agent_unavailable", error
+    assert 'node "b" is an async function' in error["message"] and SYNC_ONLY in error["message"]
+    assert "agent.resolved" not in [e.type for e in events(lg_db, run_id)]
+
+
+def test_a_plain_sync_graph_registers_and_runs(lg_db, executors):
+    validate_definition("langgraph", {"graph": f"{ASYNC}:plain"})
+    graph_agent(lg_db, "plain", graph=f"{ASYNC}:plain")
+    session = make_session(lg_db, agent_id="plain")
+    executors.start()
+    run_id = answered(lg_db, session, "hi")
+    assert answer_of(lg_db, run_id) == "b saw: a saw: hi"
+
+
 @pytest.mark.slow  # starts a worker process (inside the helper)
 def test_a_separate_worker_process_runs_the_graph(lg_db, db_url, tmp_path):
     graph_agent(lg_db)

@@ -2,8 +2,11 @@
 
 ``params.graph`` is ``"package.module:attr"``: a ``StateGraph`` (compiled here with the
 ledger's checkpointer) or a callable that takes the checkpointer and returns a compiled graph.
-LangGraph is imported only when such a run (or registration) happens, so the base install works
-without the extra.
+The graph is driven synchronously (``graph.stream`` with LangGraph's sync savers), so its nodes,
+conditional edges and tools must be synchronous functions: an ``async def`` one is refused at
+registration, and fails a run ``agent_unavailable`` before it starts when only the run sees it
+(a factory's graph, or a module changed since). LangGraph is imported only when such a run (or
+registration) happens, so the base install works without the extra.
 """
 
 from __future__ import annotations
@@ -41,13 +44,72 @@ def _check_object(obj: Any, where: str) -> None:
                           "or a callable that takes the checkpointer and returns a compiled graph")
 
 
+def _async_only(runnable: Any) -> bool:
+    """Whether LangGraph can call ``runnable`` only asynchronously: its ``RunnableCallable`` or
+    LangChain's ``RunnableLambda`` made of an ``async def`` (or an async generator) has an
+    ``afunc`` and no ``func``; its sync ``invoke`` raises ``TypeError``. Also as a step of a
+    sequence (``a | b``)."""
+    if getattr(runnable, "func", None) is None and getattr(runnable, "afunc", None) is not None:
+        return True
+    steps = getattr(runnable, "steps", None)  # RunnableSequence, LangGraph's RunnableSeq
+    return isinstance(steps, list) and any(_async_only(step) for step in steps)
+
+
+def _async_parts(builder: Any, within: str = "", seen: set[int] | None = None) -> list[str]:
+    """The parts of a ``StateGraph``, and of graphs compiled into it as nodes, that have no
+    synchronous implementation: nodes, conditional edges and the tools of its ``ToolNode``s."""
+    from langgraph.graph import StateGraph
+
+    seen = set() if seen is None else seen
+    if id(builder) in seen:
+        return []
+    seen.add(id(builder))
+    parts: list[str] = []
+    for name, spec in builder.nodes.items():
+        runnable = spec.runnable
+        if _async_only(runnable):
+            parts.append(f'{within}node "{name}"')
+        tools = getattr(runnable, "tools_by_name", None)
+        if isinstance(tools, dict):
+            # An ``@tool async def`` is a tool with a coroutine and no function.
+            parts.extend(f'{within}tool "{tool_name}" of node "{name}"'
+                         for tool_name, tool in tools.items()
+                         if getattr(tool, "func", True) is None
+                         and getattr(tool, "coroutine", None) is not None)
+        inner = getattr(runnable, "builder", None)  # a compiled graph as a node: a subgraph
+        if isinstance(inner, StateGraph):
+            parts.extend(_async_parts(inner, f'{within}node "{name}" > ', seen))
+    for source, branches in builder.branches.items():
+        parts.extend(f'{within}conditional edge "{name}" from node "{source}"'
+                     for name, branch in branches.items() if _async_only(branch.path))
+    return parts
+
+
+def _check_synchronous(builder: Any, where: str) -> None:
+    """``Unavailable`` naming every async part of the graph: this kind drives it with the
+    sync ``graph.stream`` and LangGraph's sync savers, where such a part always fails."""
+    parts = _async_parts(builder)
+    if not parts:
+        return
+    named = ", ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10 else "")
+    raise Unavailable(
+        f"{where}: {named} {'is an async function' if len(parts) == 1 else 'are async functions'}"
+        "; nodes must be synchronous functions (def, not async def) for the langgraph kind, "
+        "and so must conditional edges and tools: it runs the graph with LangGraph's "
+        "synchronous stream and checkpointers")
+
+
 def validate(params: dict[str, Any]) -> None:
     """Registration check: a sentence (``ValueError``) when ``params.graph`` cannot run."""
     code_agents.parse_reference(params.get("graph"), "params.graph")
     if not langgraph_installed():
         return  # this server can't import it; the workers that run it will tell
+    from langgraph.graph import StateGraph
+
     obj, _, _ = code_agents.load_reference(params["graph"], "params.graph")
     _check_object(obj, "params.graph")
+    if isinstance(obj, StateGraph):  # a factory's graph is seen only when a run builds it
+        _check_synchronous(obj, "params.graph")
 
 
 def _compiled(obj: Any, checkpointer: Any, where: str):
@@ -58,6 +120,10 @@ def _compiled(obj: Any, checkpointer: Any, where: str):
     graph = obj.compile(checkpointer=checkpointer) if isinstance(obj, StateGraph) else obj(checkpointer)
     if not isinstance(graph, Pregel):
         raise Unavailable(f"{where} returned a {type(graph).__name__}, not a compiled graph")
+    # Again here: a factory's graph, or a module changed since registration.
+    builder = getattr(graph, "builder", None)
+    if isinstance(builder, StateGraph):
+        _check_synchronous(builder, where)
     return graph
 
 
