@@ -43,6 +43,7 @@ from agentledger.agent_kinds.storage import (
 )
 from agentledger.core.database import backend_name
 from agentledger.core.errors import FrameworkUnavailable, ValidationFailed
+from agentledger.core.hashing import storable_json
 
 T = TypeVar("T")
 Allowed = tuple[tuple[str, str], ...]
@@ -173,6 +174,7 @@ def list_checkpoints(memory: ServedMemory, thread_id: str, *, allowed: Allowed, 
         if not FILTER_KEY.match(key):
             raise ValidationFailed(f"filter: key {key!r} may hold only letters, digits, '_', "
                                    "'.' and '-'")
+    _check_storable(filter, "filter")
     config = thread_config(thread_id, "", checkpoint_id)
     if checkpoint_ns is None:
         del config["configurable"]["checkpoint_ns"]
@@ -183,6 +185,17 @@ def list_checkpoints(memory: ServedMemory, thread_id: str, *, allowed: Allowed, 
         return [tuple_to_json(saved, saver.serde)
                 for saved in saver.list(config, filter=filter or None, before=before_config,
                                         limit=limit)]
+
+
+def _check_storable(value: Any, where: str) -> None:
+    """Free-form JSON of a request that reaches the saver's SQL (a metadata filter, a
+    checkpoint's metadata, its channel versions) holds only what both databases store:
+    ``ValidationFailed`` (422) naming where, before the saver is opened. PostgreSQL's saver
+    sends it as ``jsonb`` or text, which refuse NUL, lone surrogates and NaN (a list's filter
+    was a 500; LangGraph itself strips NUL only from metadata's top-level text); the SQLite
+    saver would store them, so the rule is the same on both."""
+    if value is not None:
+        storable_json(value, where)  # a check only: the saver gets the value as sent
 
 
 def _checked_checkpoint(value: Any) -> dict[str, Any]:
@@ -201,6 +214,8 @@ def put_checkpoint(memory: ServedMemory, thread_id: str, *, allowed: Allowed, ch
                    metadata: dict[str, Any], new_versions: dict[str, Any]) -> dict[str, Any]:
     """The saver's ``put`` (an upsert by checkpoint id: a repeated put stores the same row);
     the config that names the stored checkpoint."""
+    _check_storable(metadata, "metadata")
+    _check_storable(new_versions, "new_versions")
     with memory.saver(allowed) as saver:
         value = _checked_checkpoint(_load(saver, checkpoint, "the checkpoint"))
         try:

@@ -191,7 +191,9 @@ class CheckpointListBody(MemoryCall):
     checkpoint_id: CheckpointId | None = None
     before: CheckpointId | None = Field(default=None,
                                         description="only checkpoints older than this id")
-    filter: dict[str, Any] | None = Field(default=None, description="metadata filter")
+    filter: dict[str, Any] | None = Field(default=None, description=(
+        "metadata filter: keys of letters, digits, '_', '.' and '-'; text without NUL or lone "
+        "surrogates, finite numbers"))
     limit: int = Field(default=100, ge=1, le=500)
 
 
@@ -199,7 +201,8 @@ class CheckpointPutBody(MemoryCall):
     checkpoint_ns: CheckpointNs = ""
     parent_checkpoint_id: CheckpointId | None = None
     checkpoint: TypedValue
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict, description=(
+        "text without NUL or lone surrogates, finite numbers"))
     new_versions: dict[str, StorableText | int | float] = Field(default_factory=dict)
 
 

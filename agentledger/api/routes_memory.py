@@ -8,7 +8,9 @@ body names a thread. The memory is stored where a worker on the database stores 
 (``agent_kinds.served_memory``), so either kind of worker continues a thread the other began.
 LangGraph values travel as LangGraph's serializer writes them and are read strictly
 (``agent_kinds.memory_wire``): a value the server would not rebuild is ``422`` naming its type,
-with nothing written.
+with nothing written. Free-form JSON that reaches the saver's SQL (a list's ``filter``, a put's
+``metadata`` and ``new_versions``) holds only what both databases store (``storable_json``):
+``422`` naming the field otherwise, on SQLite as on PostgreSQL.
 """
 
 from __future__ import annotations
