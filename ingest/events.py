@@ -47,7 +47,7 @@ from agentledger.core.database import (
     read_one,
 )
 from agentledger.core.driver_statements import one_of
-from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
+from agentledger.core.errors import CancelRequested, IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import answer_sha256, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
@@ -375,6 +375,11 @@ def append_events(
     now = now or dialect.now(session, read=run.now)
     if executor_instance_id is not None:
         check_lease(run, executor_instance_id, now)
+        if run.status == "cancelling" and any(t == "run.interrupted" for t, _ in events):
+            # CONTRACT §2: while cancelling, the executor confirms the stop (run.cancelled);
+            # only the reconciler may end the run interrupted.
+            raise CancelRequested(f"run {run.id} is being cancelled: an executor ends it with "
+                                  "run.cancelled, not run.interrupted")
 
     status, pending = _checked(run.status, events)
     redactor = redactor_of(session)

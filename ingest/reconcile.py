@@ -106,6 +106,10 @@ def interrupt_executor_run(session: Session, run_id: str, executor_instance_id: 
     run = lock_run_and_parent(session, run_id)
     if run.status in TERMINAL or run.executor_instance_id != executor_instance_id:
         return False
+    if run.status == "cancelling" and reason == "executor_shutdown":
+        # CONTRACT §2: a cancelling run ends cancelled (the executor confirming the stop) or
+        # interrupted by the reconciler; a stopping executor leaves it to the reconciler.
+        return False
     append_events(
         session,
         run_id,

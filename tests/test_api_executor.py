@@ -337,6 +337,8 @@ def test_nothing_may_follow_the_terminal_event_in_a_batch(api, running, batch):
     [("run.completed", {})],
     [("run.failed", {"error": {"code": "x", "message": "y"}})],
     [("message.delta", {"text": "last words"}), ("run.completed", {})],
+    # The reconciler ends a cancelling run interrupted, never its executor (CONTRACT §2).
+    [("run.interrupted", {"reason": "executor_shutdown"})],
 ], ids=lambda b: "+".join(t for t, _ in b))
 def test_ending_a_cancelling_run_other_than_cancelled_is_409_cancel_requested(api, running, batch):
     run, instance = running
@@ -365,6 +367,13 @@ def test_ending_a_cancelling_run_other_than_cancelled_is_409_cancel_requested(ap
     {"executor_instance_id": "E", "events": [{"type": "tool.call", "data": {"input": {}}}]},
     {"executor_instance_id": "E", "events": [{"type": "run.failed", "data": {"error": "boom"}}]},
     {"executor_instance_id": "E", "events": [{"type": "run.interrupted", "data": {"reason": "bored"}}]},
+    # What the ledger records when it saw a lease expire, a parent end or a process restart.
+    {"executor_instance_id": "E", "events": [{"type": "run.interrupted", "data": {
+        "reason": "lease_expired"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "run.interrupted", "data": {
+        "reason": "parent_terminal"}}]},
+    {"executor_instance_id": "E", "events": [{"type": "run.interrupted", "data": {
+        "reason": "service_restart"}}]},
     {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {"text": "ok"}},
                                              {"type": "message.delta", "data": {"text": "a\x00b"}}]},
     {"executor_instance_id": "E", "events": [{"type": "message.delta", "data": {"text": "x"},
@@ -383,7 +392,7 @@ def test_ending_a_cancelling_run_other_than_cancelled_is_409_cancel_requested(ap
         "input_tokens": 5, "output_tokens": 1, "cost_usd": "0.5"}}]},
     {"executor_instance_id": "E", "events": [{"type": "usage", "data": {
         "input_tokens": 5, "output_tokens": 1, "cost_usd": False}}]},
-], ids=range(18))
+], ids=range(21))
 def test_invalid_event_batches_are_422_and_write_nothing(api, running, body):
     run, instance = running
     body = {**body, **({"executor_instance_id": instance} if "executor_instance_id" in body else {})}

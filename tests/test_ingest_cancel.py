@@ -158,3 +158,25 @@ def test_cancelling_a_child_leaves_its_parent_alone(db, agent):
     assert cancel(db, child) == "cancelled"
     assert run_row(db, root).status == "running"
     assert events(db, root)[-1].data == {"child_run_id": child, "status": "cancelled"}
+
+
+def test_a_cancelling_run_is_ended_by_its_executor_confirming_or_by_the_ledger(db, agent):
+    """CONTRACT §2: while cancelling, only run.cancelled (the executor) or run.interrupted (the
+    reconciler) ends the run. An executor's own run.interrupted is refused; a stopping executor
+    leaves the run to the reconciler; a process starting again ends its leftovers, these too."""
+    from agentledger.core.errors import CancelRequested
+    from ingest.reconcile import interrupt_executor_runs
+
+    run_id = post(db, make_session(db)).run_id
+    claim(db, W)
+    assert cancel(db, run_id) == "cancelling"
+    before = snapshot_state(db)
+    with pytest.raises(CancelRequested):
+        append(db, run_id, [("run.interrupted", {"reason": "executor_shutdown"})])
+    with db.write() as s:
+        assert interrupt_executor_runs(s, W, reason="executor_shutdown") == []
+    assert snapshot_state(db) == before
+    with db.write() as s:
+        assert interrupt_executor_runs(s, W, reason="service_restart") == [run_id]
+    assert run_row(db, run_id).status == "interrupted"
+    assert_run_invariants(db, run_id)

@@ -195,7 +195,10 @@ class HttpBackend:
                 self.client.append(run_id, [("run.interrupted", {
                     "reason": reason, "executor_instance_id": self.instance_id})])
             except ApiError as exc:
-                log.warning("run %s: could not record %s: %s", run_id, reason, exc)
+                if exc.code == "cancel_requested":  # the reconciler ends a run being cancelled
+                    log.info("run %s: being cancelled; left to the server's reconciler", run_id)
+                else:
+                    log.warning("run %s: could not record %s: %s", run_id, reason, exc)
                 continue
             ended.append(run_id)
         return ended
