@@ -263,6 +263,17 @@ def test_missing_idempotency_key_is_400_and_writes_nothing(api, chat):
     # the boundaries are accepted
     assert send(api, api.alice, chat, "hi", key="k" * 255).status == 202
     assert send(api, api.alice, chat, "hi", key="!").status == 202
+    # Printable characters beyond ASCII, sent as UTF-8 (here as the latin-1 text of those bytes,
+    # which is how a WSGI server hands them over): the key is "clé-€", 255 of them at most.
+    sent_as = "clé-€".encode().decode("latin-1")
+    first = send(api, api.alice, chat, "hi", key=sent_as)
+    again = send(api, api.alice, chat, "hi", key=sent_as)
+    assert first.json()["run_id"] == again.json()["run_id"]  # a replay: the same run
+    assert send(api, api.alice, chat, "hi", key=("é" * 255).encode().decode("latin-1")).status == 202
+    for bad in ["é" * 256, "\x85", "\u2028"]:  # too long; not printable, as UTF-8
+        reply = api.post(url, api.alice, json={"content": "hi"},
+                         headers={"Idempotency-Key": bad.encode().decode("latin-1")})
+        assert_error(reply, 400, "idempotency_key_required")
 
 
 @pytest.mark.parametrize("last_id", ["abc", "-1", "2147483648", "194082554612"])

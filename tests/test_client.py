@@ -307,14 +307,18 @@ def test_an_id_is_one_path_segment_and_never_reaches_another_route(server, alice
 
 def test_a_key_the_server_would_refuse_raises_value_error_before_sending(server, alice):
     session = alice.create_session("echo")
-    for bad in ("", "é", "x" * 256, " lead", "trail ", "tab\tx", "new\nline", "nul\x00"):
-        with pytest.raises(ValueError, match="printable ASCII"):
+    for bad in ("", "x" * 256, "é" * 256, " lead", "trail ", "tab\tx", "new\nline", "nul\x00",
+                "nel\x85"):
+        with pytest.raises(ValueError, match="printable characters"):
             alice.send_message(session["id"], "refused", idempotency_key=bad)
     assert _runs_of(server, session["id"]) == []
-    # the edges of what the server accepts
-    for good in ("k", "x" * 255, "a b", "~!@#$%^&*()[]{}<>?/\\|'\"`"):
+    # the edges of what the server accepts (beyond ASCII: sent as UTF-8)
+    for good in ("k", "x" * 255, "a b", "~!@#$%^&*()[]{}<>?/\\|'\"`", "clé-€", "é" * 255):
         alice.send_message(session["id"], "accepted", idempotency_key=good)
-    assert len(_runs_of(server, session["id"])) == 4
+    assert len(_runs_of(server, session["id"])) == 6
+    run = alice.send_message(session["id"], "accepted", idempotency_key="clé-€")["run_id"]
+    runs = _runs_of(server, session["id"])
+    assert len(runs) == 6 and run in [r["id"] for r in runs]  # the same key: the same run
 
 
 def test_a_failed_send_names_its_key_so_that_a_retry_creates_no_second_run(server, alice):

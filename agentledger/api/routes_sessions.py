@@ -91,8 +91,15 @@ def _idempotency_key() -> str:
     key = request.headers.get("Idempotency-Key")
     if key is None or key == "":
         raise IdempotencyKeyRequired("send an Idempotency-Key header (1-255 printable characters)")
-    if len(key) > MAX_KEY_LENGTH or not key.isprintable() or not key.isascii():
-        raise IdempotencyKeyRequired("the Idempotency-Key must be 1-255 printable ASCII characters")
+    if not key.isascii():
+        # The WSGI server hands header bytes over as latin-1 text; a client sends a key's
+        # characters as UTF-8 (as LedgerClient does), so that is what the key is made of.
+        try:
+            key = key.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise IdempotencyKeyRequired("the Idempotency-Key must be UTF-8 text") from None
+    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise IdempotencyKeyRequired("the Idempotency-Key must be 1-255 printable characters")
     return key
 
 

@@ -41,11 +41,11 @@ def new_idempotency_key() -> str:
 
 
 def checked_idempotency_key(key: str) -> str:
-    """``key`` if the server accepts it as an ``Idempotency-Key``: 1-255 printable ASCII
-    characters (space included), and no space at either end, which HTTP would not carry."""
-    if not (0 < len(key) <= IDEMPOTENCY_KEY_LENGTH and key.isascii() and key.isprintable()
+    """``key`` if the server accepts it as an ``Idempotency-Key``: 1-255 printable characters
+    (space included; sent as UTF-8), and no space at either end, which HTTP would not carry."""
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_LENGTH and key.isprintable()
             and key.strip(" ") == key):
-        raise ValueError(f"idempotency_key must be 1-{IDEMPOTENCY_KEY_LENGTH} printable ASCII "
+        raise ValueError(f"idempotency_key must be 1-{IDEMPOTENCY_KEY_LENGTH} printable "
                          f"characters, without a space at either end; got {key!r:.80}")
     return key
 
@@ -96,7 +96,7 @@ class LedgerClient:
         "agent_name"}``. Every retry of this call sends the same ``Idempotency-Key`` (generated
         here when none is given), so however often it is repeated the server creates one run.
 
-        ``idempotency_key``: 1-255 printable ASCII characters (``ValueError`` otherwise). When
+        ``idempotency_key``: 1-255 printable characters (``ValueError`` otherwise). When
         the call raises ``ApiError`` (``ConnectionFailed`` included: the message may or may not
         have been recorded), the key it sent is ``exc.idempotency_key``; to try again without
         risking a second run, call again with ``idempotency_key=exc.idempotency_key``."""
@@ -109,7 +109,8 @@ class LedgerClient:
                else checked_idempotency_key(idempotency_key))
         try:
             return self._json("POST", f"/api/sessions/{segment(session_id, 'session')}/messages",
-                              json=body, headers={"Idempotency-Key": key}, retry=SAFE)
+                              json=body, headers={"Idempotency-Key": key.encode()},
+                              retry=SAFE)
         except ApiError as exc:
             exc.idempotency_key = key
             raise
