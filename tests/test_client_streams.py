@@ -98,13 +98,15 @@ def started_run(alice: LedgerClient, executor: ExecutorClient) -> str:
 
 class Reader:
     """``stream_events`` (or ``wait``) of one run in a thread: ``events`` as they arrive, then
-    ``result`` or ``error`` and ``ended_after`` (seconds from the start)."""
+    ``result`` or ``error``, ``ended_at`` (``time.monotonic()`` in its thread) and
+    ``ended_after`` (seconds from the start)."""
 
     def __init__(self, call):
         self.events: list[dict] = []
         self.result = None
         self.error: BaseException | None = None
         self.ended_after: float | None = None
+        self.ended_at: float | None = None
         self._call = call
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -115,7 +117,8 @@ class Reader:
             self.result = self._call(self.events.append)
         except BaseException as exc:  # handed to the test
             self.error = exc
-        self.ended_after = time.monotonic() - self._started
+        self.ended_at = time.monotonic()
+        self.ended_after = self.ended_at - self._started
 
     @classmethod
     def stream(cls, client: LedgerClient, run_id: str) -> Reader:
@@ -274,10 +277,10 @@ def test_a_stream_gives_up_after_its_reconnect_time_and_wait_keeps_its_timeout(
                           stream_reconnect_seconds=5) as brief:
             reader = Reader.stream(brief, run_id)
             wait_until(lambda: reader.saw("run.started"), timeout=30)
+            outage = time.monotonic()  # before the drop: the client counts from the drop on
             proxy.outage()
-            outage = time.monotonic()
             reader.join()
-            gave_up = time.monotonic() - outage
+            gave_up = reader.ended_at - outage
         assert isinstance(reader.error, ConnectionFailed), reader.error
         assert "no working connection for 5 s" in str(reader.error)
         assert 5 <= gave_up < 5 + LATE, gave_up

@@ -36,7 +36,11 @@ pytestmark = pytest.mark.skipif(
 
 selenium = pytest.importorskip("selenium")
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -307,15 +311,38 @@ def test_run_tree(browser, served, facts):
     finder = ("const el = [...document.querySelectorAll('#run-tree, #run-tree *')]"
               ".find(e => e._cyreg && e._cyreg.cy); return el;")
     container = WebDriverWait(browser, WAIT).until(lambda d: d.execute_script(finder))
-    time.sleep(0.5)  # the layout settles
-    x, y, width, height = browser.execute_script(
-        "const el = arguments[0]; const n = el._cyreg.cy.getElementById(arguments[1]);"
-        "const p = n.renderedPosition(); return [p.x, p.y, el.clientWidth, el.clientHeight];",
-        container, child)
-    ActionChains(browser).move_to_element_with_offset(
-        container, int(x - width / 2), int(y - height / 2)).click().perform()
-    WebDriverWait(browser, WAIT).until(
-        lambda d: d.find_element(By.ID, "run-selected").text == child)
+    where = ("const el = arguments[0]; const n = el._cyreg.cy.getElementById(arguments[1]);"
+             "const p = n.renderedPosition(); return [p.x, p.y, el.clientWidth, el.clientHeight];")
+
+    def settled():
+        """The node's rendered position and the container's size, once two reads a quarter
+        second apart agree (the layout, a re-fit or a resize may still move it)."""
+        seen = []
+
+        def same_twice(d):
+            now = [round(v, 1) for v in d.execute_script(where, container, child)]
+            again = seen[-1:] == [now]
+            seen.append(now)
+            return now if again else None
+
+        return WebDriverWait(browser, WAIT, poll_frequency=0.25).until(same_twice)
+
+    def click_child() -> bool:
+        """Click where the node is now; True once the page shows it selected. A click that a
+        late re-fit made miss (or land on another node) is made again where the node went."""
+        x, y, width, height = settled()
+        ActionChains(browser).move_to_element_with_offset(
+            container, int(x - width / 2), int(y - height / 2)).click().perform()
+        try:
+            WebDriverWait(browser, 5).until(
+                lambda d: d.find_element(By.ID, "run-selected").text == child)
+        except TimeoutException:
+            return False
+        return True
+
+    wait_until(click_child, timeout=4 * WAIT, interval=0,
+               message=lambda: f"run-selected to show {child} after clicking its node "
+                               f"(it shows {browser.find_element(By.ID, 'run-selected').text!r})")
     assert "Agent snapshot" in body_text(browser)
     finish_page(browser, "run_tree")
 

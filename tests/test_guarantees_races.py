@@ -19,8 +19,9 @@ Each test tries hard to break one promise of the contract and prints the random 
   within 6 s of the kill, 0 re-runs.
 - zombies: SIGSTOP a worker past its lease, let the reconciler interrupt its runs, SIGCONT → it
   writes nothing more, logs the loss of each run, drops them and goes on to run new work.
-- no false alarms: steps blocking 10 × the lease (1 s) while heartbeats (0.25 s) continue, the
-  reconciler passing every 0.25 s → 0 interrupted, the runs succeed.
+- no false alarms: steps blocking 10 × the lease (3 s: longer than a busy machine stalls a
+  process) while heartbeats (0.25 s) continue, the reconciler passing every 0.25 s → 0
+  interrupted, the runs succeed.
 """
 
 from __future__ import annotations
@@ -429,6 +430,10 @@ def test_four_workers_claim_each_of_1000_runs_exactly_once(pg_url, pg_db, procs)
 LEASE, HEARTBEAT, RECONCILE = 3, 1, 1
 FAST = {"AGENTLEDGER_LEASE_SECONDS": str(LEASE), "AGENTLEDGER_HEARTBEAT_SECONDS": str(HEARTBEAT),
         "AGENTLEDGER_RECONCILE_SECONDS": str(RECONCILE)}
+# The short lease is for the worker a test stops or kills; a worker whose runs must succeed
+# leases for longer than a busy machine stalls it (its reconciler still passes every second).
+SAFE_LEASE = 15
+SAFE = {**FAST, "AGENTLEDGER_LEASE_SECONDS": str(SAFE_LEASE)}
 
 
 def reconciler_process(procs: ProcessManager, db_url: str, **env: str):
@@ -451,7 +456,7 @@ def test_sigkilled_worker_holding_20_runs_ends_them_lease_expired_and_never_reru
     assert {run(db, r).executor_instance_id for r in run_ids} == {"victim"}
     # another process reconciling, and an idle worker that would love to re-run anything
     reconciler_process(procs, db_url, **FAST)
-    bystander = procs.worker(db_url, "bystander", concurrency=20, **FAST)
+    bystander = procs.worker(db_url, "bystander", concurrency=20, **SAFE)
 
     victim.kill_group(signal.SIGKILL)
     killed = time.monotonic()
@@ -581,11 +586,19 @@ def test_stopped_worker_resumed_after_its_runs_were_interrupted_writes_nothing(d
     assert zombie.alive()
 
 
+# No false alarms: a lease long enough that no stall of a busy machine outlasts it (renewals
+# land every 0.25–0.5 s: the heartbeat, then the monitor's next quarter-second look), heartbeats
+# and reconciler passes as frequent as before, and a step 10 leases long.
+ALARM_LEASE, ALARM_BEAT = 3, 0.25
+ALARM_STEP = 10 * ALARM_LEASE
+
+
 def test_step_blocking_10_leases_with_heartbeats_is_never_interrupted(db_url, db, procs):
     seeded(f"no-false-alarms-{db.dialect}")
-    env = {"AGENTLEDGER_LEASE_SECONDS": "1", "AGENTLEDGER_HEARTBEAT_SECONDS": "0.25",
-           "AGENTLEDGER_RECONCILE_SECONDS": "0.25"}
-    sleeper(db, "slow", [{"say": "thinking "}, {"sleep": 10}, {"say": "done"}])
+    env = {"AGENTLEDGER_LEASE_SECONDS": str(ALARM_LEASE),
+           "AGENTLEDGER_HEARTBEAT_SECONDS": str(ALARM_BEAT),
+           "AGENTLEDGER_RECONCILE_SECONDS": str(ALARM_BEAT)}
+    sleeper(db, "slow", [{"say": "thinking "}, {"sleep": ALARM_STEP}, {"say": "done"}])
     worker = procs.worker(db_url, "steady", concurrency=4, **env)
     reconciler_process(procs, db_url, **env)
     run_ids = bulk_runs(db, "slow", 4)
@@ -597,13 +610,13 @@ def test_step_blocking_10_leases_with_heartbeats_is_never_interrupted(db_url, db
     for run_id in run_ids:
         assert assert_one_terminal_event(db, run_id).type == "run.completed"
         assert "run.interrupted" not in types(db, run_id)
-    for row in (run(db, r) for r in run_ids):  # the ledger's own clock: each run blocked 10 s
-        assert (row.finished_at - row.started_at).total_seconds() >= 10, row
+    for row in (run(db, r) for r in run_ids):  # the ledger's own clock: each run blocked
+        assert (row.finished_at - row.started_at).total_seconds() >= ALARM_STEP, row
     assert "lease lost" not in worker.log() and "dropping run" not in worker.log()
     with db.read() as s:
         beats = s.execute(select(func.count()).select_from(AgentRun).where(
             AgentRun.id.in_(run_ids), AgentRun.last_heartbeat_at > AgentRun.started_at)).scalar_one()
     assert beats == len(run_ids)
-    print(f"[guarantees] no false alarms {db.dialect}: 4 runs blocked 10 s (10 × the 1 s lease), "
-          f"0 interrupted, all succeeded after {elapsed:.1f}s")
+    print(f"[guarantees] no false alarms {db.dialect}: 4 runs blocked {ALARM_STEP} s (10 × the "
+          f"{ALARM_LEASE} s lease), 0 interrupted, all succeeded after {elapsed:.1f}s")
 

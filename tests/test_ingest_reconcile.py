@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from support.expiry import expire_lease
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import assert_chains_ok, assert_run_invariants, events, run_row, snapshot_state
 
@@ -51,10 +51,12 @@ def reconcile_once(db) -> tuple[list[str], list[str]]:
 
 
 def test_expired_lease_is_interrupted_not_rerun(db, agent):
+    # long leases, run out below by moving their deadlines: the first pass, while they hold,
+    # cannot come too late on a busy machine
     expiring = post(db, make_session(db), "slow").run_id
-    claim(db, W, lease_seconds=1)
+    claim(db, W, lease_seconds=600)
     cancelling = post(db, make_session(db), "also slow").run_id
-    claim(db, "worker-2", lease_seconds=1)
+    claim(db, "worker-2", lease_seconds=600)
     with db.write() as s:
         request_cancel(s, cancelling, requested_by="alice")
     healthy = post(db, make_session(db), "fine").run_id
@@ -62,7 +64,8 @@ def test_expired_lease_is_interrupted_not_rerun(db, agent):
     queued = post(db, make_session(db), "waiting").run_id
 
     assert reconcile_once(db) == ([], [])
-    time.sleep(1.1)
+    expire_lease(db, expiring)
+    expire_lease(db, cancelling)
     with db.read() as s:
         assert set(expired_lease_run_ids(s)) == {expiring, cancelling}
     ended, dropped = reconcile_once(db)
@@ -92,8 +95,8 @@ def test_expired_lease_is_interrupted_not_rerun(db, agent):
 def test_interrupt_rechecks_under_the_lock(db, agent):
     """A run whose lease was renewed after the scan is left alone."""
     run_id = post(db, make_session(db)).run_id
-    claim(db, W, lease_seconds=1)
-    time.sleep(1.1)
+    claim(db, W, lease_seconds=600)
+    expire_lease(db, run_id)
     with db.read() as s:
         assert expired_lease_run_ids(s) == [run_id]
     with db.write() as s:  # a late heartbeat does not revive it (the lease is gone) ...

@@ -14,7 +14,7 @@ import asyncio
 import base64
 import re
 import threading
-import time
+from types import SimpleNamespace
 
 import httpx
 import psycopg
@@ -24,6 +24,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from support.api import FlaskApi, assert_error, claim_run, complete_run, open_session, unique
+from support.expiry import expire_lease
 from support.factories import make_agent, make_session, post
 from support.frameworks import WORKER_PYTHONPATH, answer_of, answered, ask
 from support.processes import (
@@ -275,8 +276,16 @@ def saved_anywhere(db_url: str, thread_id: str, text: str) -> bool:
                    for saved in saver.list({"configurable": {"thread_id": thread_id}}))
 
 
+# The contract's "a cancel ends the run within a second" is a figure to measure, printed by the
+# tests below, not asserted tightly (a busy machine stalls a process for longer: docs/design.md,
+# "Behaviour, never speed"). They assert that the cancel did not wait for the busy work: the
+# ledger's own clock puts the end a small fraction of that work's length after the cancel.
+PLOD_SECONDS = 30  # the plodding node, made long below; the test lets go of it when done
+SLOW_STREAM_SECONDS = 200 * 0.05  # the fake model's slow answer: 200 words, 50 ms apart
+
+
 def test_cancel_while_a_node_runs_plain_code_ends_within_a_second_on_an_api_worker(
-        ledger, api_workers, db_url):
+        ledger, api_workers, db_url, monkeypatch):
     db = ledger.db
     graph_agent(db, "plodder", "plodding")
     session = make_session(db, agent_id="plodder")
@@ -284,23 +293,33 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second_on_an_api_work
     lg_graphs.PLOD.update(steps=0, finished=False, answered=[])
     answered(db, session, "my name is Ada")
 
-    posted = post(db, session, "plod along")
-    wait_until(lambda: lg_graphs.PLOD["steps"] > 0, timeout=30)
-    with db.write() as s:
-        request_cancel(s, posted.run_id, requested_by="alice")
-    wait_for_status(db, posted.run_id, "cancelled", timeout=30)
-    assert not lg_graphs.PLOD["finished"]
-    end = assert_one_terminal_event(db, posted.run_id)
-    assert end.data == {"external_stop_confirmed": True}
-    evs = events(db, posted.run_id)
-    kinds = [e.type for e in evs]
-    assert kinds[kinds.index("run.cancelling") + 1:] == ["run.cancelled"], kinds
-    cancelling = next(e for e in evs if e.type == "run.cancelling")
-    assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
+    # 30 s of plain code unless the test lets go (its 0.1 s sleeps become waits on a gate)
+    let_go = threading.Event()
+    monkeypatch.setattr(lg_graphs, "PLOD_STEPS", int(PLOD_SECONDS / 0.1))
+    monkeypatch.setattr(lg_graphs, "time", SimpleNamespace(sleep=let_go.wait))
+    try:
+        posted = post(db, session, "plod along")
+        wait_until(lambda: lg_graphs.PLOD["steps"] > 0, timeout=30)
+        with db.write() as s:
+            request_cancel(s, posted.run_id, requested_by="alice")
+        wait_for_status(db, posted.run_id, "cancelled", timeout=30)
+        assert not lg_graphs.PLOD["finished"]
+        end = assert_one_terminal_event(db, posted.run_id)
+        assert end.data == {"external_stop_confirmed": True}
+        evs = events(db, posted.run_id)
+        kinds = [e.type for e in evs]
+        assert kinds[kinds.index("run.cancelling") + 1:] == ["run.cancelled"], kinds
+        cancelling = next(e for e in evs if e.type == "run.cancelling")
+        took = (end.created_at - cancelling.created_at).total_seconds()
+        assert took < PLOD_SECONDS / 3, (cancelling, end)
+        print(f"[remote memory] cancel during a busy node: run.cancelled {took:.2f}s after "
+              f"run.cancelling")
 
-    second = answered(db, session, "what now?")
-    assert answer_of(db, second) == ("Earlier: my name is Ada | plod along (1 answered). "
-                                     "Now: what now?.")
+        second = answered(db, session, "what now?")
+        assert answer_of(db, second) == ("Earlier: my name is Ada | plod along (1 answered). "
+                                         "Now: what now?.")
+    finally:
+        let_go.set()  # the node runs through its last steps at once
     # The abandoned node finishes; through the fence (and the server's lease check) it writes
     # nothing to the thread's checkpoints.
     wait_until(lambda: lg_graphs.PLOD["finished"], timeout=30)
@@ -326,7 +345,10 @@ def test_cancel_of_a_streaming_sdk_agent_ends_within_a_second_on_an_api_worker(
     end = assert_one_terminal_event(db, posted.run_id)
     evs = events(db, posted.run_id)
     cancelling = next(e for e in evs if e.type == "run.cancelling")
-    assert (end.created_at - cancelling.created_at).total_seconds() < 1.0, (cancelling, end)
+    took = (end.created_at - cancelling.created_at).total_seconds()
+    assert took < SLOW_STREAM_SECONDS / 3, (cancelling, end)
+    print(f"[remote memory] cancel of a streaming agent: run.cancelled {took:.2f}s after "
+          f"run.cancelling")
     assert sdk_agents.SLOW_DELTAS["count"] < 200
     answered(db, session, "and now")
 
@@ -537,9 +559,10 @@ def test_an_expired_lease_is_lease_lost(ledger, db_url):
     run_id = ledger.post(f"/api/sessions/{chat}/messages", token=ledger.alice,
                          json={"content": "q"},
                          headers={"Idempotency-Key": unique()}).json()["run_id"]
-    claim_run(ledger.http, ledger.executor, run_id, "brief-1", lease_seconds=1)
+    # a long lease, run out by moving its deadline: the call in time cannot be late
+    claim_run(ledger.http, ledger.executor, run_id, "brief-1", lease_seconds=600)
     assert call(ledger, run_id, "session/get-items", instance="brief-1").status == 200
-    time.sleep(1.2)
+    expire_lease(ledger.db, run_id)
     reply = call(ledger, run_id, "checkpoints/put", put_body(a_checkpoint()), instance="brief-1")
     assert_error(reply, 409, "lease_lost")
 
@@ -568,6 +591,17 @@ H = {"executor_instance_id": "held-1"}
     ("checkpoints/get", {**H, "thread_id": "thr_other"}, 422, "thread_id"),
     ("checkpoints/list", {**H, "limit": 0}, 422, "limit"),
     ("checkpoints/list", {**H, "filter": {"source') OR 1=1 --": "x"}}, 422, "filter"),
+    # free-form JSON that reaches the saver's SQL holds only what both databases store
+    ("checkpoints/list", {**H, "filter": {"k": "a\u0000"}}, 422, "filter.k: text may not"),
+    ("checkpoints/list", {**H, "filter": {"k": {"deep": ["\ud800"]}}}, 422,
+     "filter.k.deep[0]: text may not"),
+    ("checkpoints/list", {**H, "filter": {"step": float("nan")}}, 422, "filter.step: numbers"),
+    ("checkpoints/put", {**H, **put_body(a_checkpoint(), metadata={"source": "in\u0000put"})},
+     422, "metadata.source: text may not"),
+    ("checkpoints/put", {**H, **put_body(a_checkpoint(), metadata={"n\u0000": 1})}, 422,
+     "metadata: text may not"),
+    ("checkpoints/put", {**H, **put_body(a_checkpoint(), new_versions={"topic\u0000": 1})},
+     422, "new_versions: text may not"),
     ("checkpoints/put", {**H, "checkpoint": {"type": "pickle", "data": "gAR9lC4="}}, 422,
      "checkpoint.type"),
     ("checkpoints/put", {**H, "checkpoint": {"type": "msgpack", "data": "%%%"}}, 422,

@@ -17,6 +17,9 @@
 ``races``           concurrent HTTP, two-connection interleavings, tallies
 ``rollup``          the outcome rollup recomputed by a scan
 ``frameworks``      the framework-kind tests' ask / answer / two turns in a worker process
+``expiry``          ``expire_lease``: a claimed run's lease moved into the past, so a test of
+                    expiry does not race a short lease
+``async_graphs``    LangGraph graphs with async nodes, edges and tools (the kind refuses them)
 ==================  ==========================================================================
 
 Fixtures that start processes, browsers or soak loops mark their tests ``process``, ``browser``
