@@ -53,7 +53,13 @@ from sqlalchemy.orm import Session
 from agentledger.core import dialect
 from agentledger.core.database import Database
 from agentledger.core.errors import IllegalTransition, LedgerError, UnknownAgent, ValidationFailed
-from agentledger.core.hashing import GENESIS_HASH, answer_sha256, canonical_json, event_hash_of_json
+from agentledger.core.hashing import (
+    GENESIS_HASH,
+    answer_sha256,
+    canonical_json,
+    event_hash_of_json,
+    input_sha256,
+)
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.rollup_periods import minutes_kept_from
@@ -321,7 +327,8 @@ class BulkImporter:
         run_input = redactor.text(run.input)
 
         queued = {"agent_id": run.agent_id, "session_id": session_id,
-                  "parent_run_id": parent.id if parent else None}
+                  "parent_run_id": parent.id if parent else None,
+                  "input_sha256": input_sha256(run_input)}
         pending: list[tuple[str, dict, datetime]] = [("run.queued", queued, created)]
         status, previous = "queued", created
         changes: dict[str, Any] = {}  # what the events do to the run row (state_machine.row_changes)

@@ -28,6 +28,7 @@ from agentledger.core.hashing import (
     canonical_json,
     context_pack_hash,
     event_hash,
+    input_sha256,
     sha256_hex,
     storable_json,
 )
@@ -463,7 +464,8 @@ def _new_run(chat, *, session_id: str, agent_id: str | None, content: str, pack:
     snapshot = {**snapshot_of(chat), "agent_id": chosen_agent}
     run_id, message_id = new_id("run"), new_id("msg")
     queued, chain = _queued_event(
-        run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None}, now
+        run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None,
+                 "input_sha256": input_sha256(content)}, now
     )
     row = {
         "id": run_id,
@@ -524,7 +526,8 @@ def create_child_run(
     thread_id = create_thread(session, parent.owner_id, now)
     run_id = new_id("run")
     queued, chain = _queued_event(
-        run_id, {"agent_id": agent_id, "session_id": None, "parent_run_id": parent_run_id}, now
+        run_id, {"agent_id": agent_id, "session_id": None, "parent_run_id": parent_run_id,
+                 "input_sha256": input_sha256(input)}, now
     )
     session.execute(
         insert(AgentRun).values(

@@ -4,7 +4,7 @@ Recomputes each run's hash chain from its first event and compares it with the s
 the seq numbering (1, 2, 3… with no gap) and the run's recorded head (``last_event_seq``,
 ``last_event_hash``), and that each answer's stored text is the one whose digest its run's
 ``run.completed`` recorded (``content_sha256``; the text lives in its ``message`` row, outside
-the chain). Streams rows in ``(run_id, seq)`` order, so memory stays flat at any size.
+the chain), and each run's input the one its ``run.queued`` recorded (``input_sha256``). Streams rows in ``(run_id, seq)`` order, so memory stays flat at any size.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentledger.core.database import outside_transaction
-from agentledger.core.hashing import GENESIS_HASH, answer_sha256, event_hash
+from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex
 from agentledger.core.schema import AgentRun, Message, RunEvent
 
 # Bound parameters per IN list: far below SQLite's limit of 32,766 variables.
@@ -90,7 +90,12 @@ def verify_chains(
         if run is not None:
             seen[run] = (expected_seq, chain)
 
-    answers = _AnswerCheck(session, problems)
+    answers = _DigestCheck(session, problems, Message.content, Message.id,
+                           "answer {key} is missing",
+                           "answer {key}'s text is not the text its run recorded")
+    inputs = _DigestCheck(session, problems, AgentRun.input, AgentRun.id,
+                          "run {key} is missing",
+                          "the run's input is not the text its run.queued recorded")
     for row in rows:
         events += 1
         if progress and events % batch_size == 0:
@@ -110,9 +115,13 @@ def verify_chains(
             problems.append(ChainProblem(row.run_id, row.seq, "stored hash does not match the event's content"))
             broken.add(row.run_id)
         elif row.type == "run.completed":
-            answers.add(row.run_id, row.seq, row.data)
+            answers.add(row.data.get("final_message_id"), row.run_id, row.seq,
+                        row.data.get("content_sha256"))
+        elif row.seq == 1:
+            inputs.add(row.run_id, row.run_id, 1, row.data.get("input_sha256"))
     close(current)
     answers.check()
+    inputs.check()
 
     for rid, (last_seq, last_hash) in heads.items():
         if rid in broken:
@@ -133,33 +142,33 @@ def verify_chains(
     return VerificationReport(runs_checked=len(heads), events_checked=events, problems=problems)
 
 
-class _AnswerCheck:
-    """The answers named by verified ``run.completed`` events, looked up
-    ``CHOSEN_PER_STATEMENT`` at a time, so the check holds a bounded number of them."""
+class _DigestCheck:
+    """Texts kept outside the chain (an answer in its ``message`` row, a run's input in its
+    run row) against the digest their event recorded, looked up ``CHOSEN_PER_STATEMENT`` at a
+    time, so the check holds a bounded number of them."""
 
-    def __init__(self, session: Session, problems: list[ChainProblem]):
+    def __init__(self, session: Session, problems: list[ChainProblem], text, key,
+                 missing: str, differs: str):
         self.session, self.problems = session, problems
+        self.text, self.key, self.missing, self.differs = text, key, missing, differs
         self.waiting: dict[str, tuple[str, int, str]] = {}
 
-    def add(self, run_id: str, seq: int, data: dict) -> None:
-        recorded = data.get("content_sha256")
-        message_id = data.get("final_message_id")
-        if recorded is None or message_id is None:  # recorded before answers were digested
+    def add(self, key: str | None, run_id: str, seq: int, recorded: str | None) -> None:
+        if recorded is None or key is None:  # recorded before the ledger kept the digest
             return
-        self.waiting[message_id] = (run_id, seq, recorded)
+        self.waiting[key] = (run_id, seq, recorded)
         if len(self.waiting) >= CHOSEN_PER_STATEMENT:
             self.check()
 
     def check(self) -> None:
         if not self.waiting:
             return
-        stored = {message_id: content for message_id, content in self.session.execute(
-            select(Message.id, Message.content).where(Message.id.in_(list(self.waiting))))}
-        for message_id, (run_id, seq, recorded) in self.waiting.items():
-            content = stored.get(message_id)
-            if content is None:
-                self.problems.append(ChainProblem(run_id, seq, f"answer {message_id} is missing"))
-            elif answer_sha256(content) != recorded:
-                self.problems.append(ChainProblem(
-                    run_id, seq, f"answer {message_id}'s text is not the text its run recorded"))
+        stored = dict(self.session.execute(
+            select(self.key, self.text).where(self.key.in_(list(self.waiting)))).tuples().all())
+        for key, (run_id, seq, recorded) in self.waiting.items():
+            text = stored.get(key)
+            if text is None:
+                self.problems.append(ChainProblem(run_id, seq, self.missing.format(key=key)))
+            elif sha256_hex(text) != recorded:
+                self.problems.append(ChainProblem(run_id, seq, self.differs.format(key=key)))
         self.waiting = {}

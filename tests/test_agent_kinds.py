@@ -31,6 +31,7 @@ from agentledger import agent_kinds
 from agentledger.agent_kinds import AgentFailed, RunContext, available_kinds, kind_for
 from agentledger.app_factory import create_app
 from agentledger.core.config import Settings
+from agentledger.core.hashing import sha256_hex
 from ingest.cancel import request_cancel
 from ingest.tokens import create_token
 
@@ -227,7 +228,8 @@ def test_delegate_creates_children_on_their_own_threads_running_in_parallel(db, 
         threads.add(child.thread_id)
         assert_one_terminal_event(db, child.id)
         assert events(db, child.id)[0].data == {"agent_id": child.agent_id, "session_id": None,
-                                                "parent_run_id": parent.id}
+                                                "parent_run_id": parent.id,
+                                                "input_sha256": sha256_hex(child.input)}
     # parallel: the two one-second children overlap in time
     a, b = children
     assert a.started_at < b.finished_at and b.started_at < a.finished_at

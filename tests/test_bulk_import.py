@@ -42,7 +42,7 @@ from agentledger.core.errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from agentledger.core.hashing import GENESIS_HASH, event_hash
+from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex
 from agentledger.core.migrate import upgrade
 from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
 from agentledger.demo_history import SHOWCASE, synthetic_history, synthetic_shares
@@ -134,7 +134,8 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
     assert [e.type for e in evs] == ["run.queued", "run.started", "run.child_created",
                                      "run.child_finished", "message.delta", "message.delta",
                                      "usage", "run.completed"]
-    assert evs[0].data == {"agent_id": "alpha", "session_id": chat.id, "parent_run_id": None}
+    assert evs[0].data == {"agent_id": "alpha", "session_id": chat.id, "parent_run_id": None,
+                           "input_sha256": sha256_hex("hi")}  # the question, bound
     # the answer's text is bound into the chain by its digest
     assert evs[-1].data == {"final_message_id": p.final_message_id,
                             "content_sha256": hashlib.sha256(b"Hello").hexdigest()}

@@ -246,6 +246,67 @@ def test_the_answers_text_is_bound_to_its_run(api, answered, tmp_path, capsys):
             "not the text its run recorded") in out, out
 
 
+@pytest.mark.parametrize(("field", "forged", "found"), [
+    ("input", "a question nobody asked", "the run's input is not the text its run.queued "
+                                         "recorded"),
+    ("executor_instance_id", "someone-else", "executor_instance_id is not the one run.started"),
+    ("created_at", "2001-01-01T00:00:00.000000Z", "the run's created_at"),
+    ("started_at", "2001-01-01T00:00:00.000000Z", "the run's started_at"),
+    ("finished_at", None, "the run's finished_at"),
+])
+def test_the_run_rows_fields_its_events_record_are_bound(api, answered, tmp_path, capsys,
+                                                         field, forged, found):
+    """The question and the row fields its events also record (times, executor) cannot be
+    edited in a bundle: verify names the run."""
+    original = _bundle(api, answered)
+    root = original["runs"][0]
+    assert root["events"][0]["data"]["input_sha256"] == hashlib.sha256(
+        root["run"]["input"].encode()).hexdigest()
+    for record in original["runs"]:  # every run of the tree, children's tasks included
+        assert record["events"][0]["data"]["input_sha256"] == hashlib.sha256(
+            record["run"]["input"].encode()).hexdigest()
+    doc = copy.deepcopy(original)
+    doc["runs"][0]["run"][field] = forged
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1 and f"run {root['run']['id']}" in out and found in out, out
+
+
+def test_a_failed_runs_error_is_bound(db, api, tmp_path, capsys):
+    make_agent(db, "boom", kind="scripted", params={"steps": [{"say": "x"}, {"fail": "broken"}]})
+    posted = post(db, make_session(db, agent_id="boom"), "try")
+    with ExecutorPool(db) as pool:
+        pool.start("evidence-fail")
+        wait_for_status(db, posted.run_id, "failed", timeout=20)
+    from agentledger.core.evidence_format import _row_problems
+
+    with db.read() as s:
+        run = get_run(s, posted.run_id)
+    events = api.get(f"/api/agent-runs/{posted.run_id}/events?limit=500", api.alice).json()
+    record = {"id": posted.run_id, "status": "failed", "error": run["error"],
+              "created_at": run["created_at"], "started_at": run["started_at"],
+              "finished_at": run["finished_at"], "executor_instance_id": "evidence-fail"}
+    assert _row_problems(record, events["events"]) == []
+    forged = {**record, "error": {"code": "agent_error", "message": "something else"}}
+    assert ["run.failed" in p.problem for p in _row_problems(forged, events["events"])] == [True]
+
+
+def test_the_database_verify_binds_each_runs_input(db, api, answered):
+    from sqlalchemy import update
+
+    from agentledger.core.schema import AgentRun
+    from queries.chain_verification import verify_chains
+
+    with db.read(transaction=True) as s:
+        assert verify_chains(s).ok
+    with db.write() as s:
+        s.execute(update(AgentRun).where(AgentRun.id == answered["run_id"])
+                  .values(input="a question nobody asked"))
+    with db.read(transaction=True) as s:
+        report = verify_chains(s)
+    assert [(p.run_id, p.seq, p.problem) for p in report.problems] == [
+        (answered["run_id"], 1, "the run's input is not the text its run.queued recorded")]
+
+
 def test_an_answer_recorded_before_its_digest_verifies_with_a_note(api, answered, tmp_path,
                                                                      capsys):
     """A run.completed written before answers carried content_sha256: its chain (recomputed

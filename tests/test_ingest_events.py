@@ -27,6 +27,7 @@ from agentledger.core.errors import (
     RunTerminal,
     ValidationFailed,
 )
+from agentledger.core.hashing import sha256_hex
 from agentledger.core.outcome_sums import RUN_TOKENS_MAX
 from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
@@ -276,7 +277,8 @@ def test_child_finishing_tells_its_running_parent(db, running):
     assert child_row.context_pack_snapshot == parent_row.context_pack_snapshot
     assert child_row.agent_execution_snapshot["agent_id"] == "helper"
     assert events(db, child)[0].data == {"agent_id": "helper", "session_id": None,
-                                         "parent_run_id": running}
+                                         "parent_run_id": running,
+                                         "input_sha256": sha256_hex(child_row.input)}
 
     [claimed] = claim(db, "worker-2")
     assert claimed.run_id == child and claimed.parent_run_id == running

@@ -61,7 +61,8 @@ def test_post_writes_message_run_queued_event_and_snapshots(db, chat):
 
     evs = events(db, posted.run_id)
     assert [(e.seq, e.type) for e in evs] == [(1, "run.queued")]
-    assert evs[0].data == {"agent_id": "echo", "session_id": chat, "parent_run_id": None}
+    assert evs[0].data == {"agent_id": "echo", "session_id": chat, "parent_run_id": None,
+                           "input_sha256": sha256_hex("hello there")}
 
     with db.read() as s:
         blobs = dict(s.execute(select(ContextBlob.sha256, ContextBlob.content)).all())

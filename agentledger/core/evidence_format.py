@@ -10,10 +10,16 @@ its ``run.completed`` recorded (``content_sha256``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from agentledger.core.archive_format import verify_record
-from agentledger.core.hashing import agent_content_hash, context_pack_hash, sha256_hex
+from agentledger.core.hashing import (
+    agent_content_hash,
+    context_pack_hash,
+    input_sha256,
+    sha256_hex,
+)
 
 FORMAT = "agentledger-evidence"
 FORMAT_VERSION = 1
@@ -107,11 +113,52 @@ def _run_problems(record: dict[str, Any], heads: dict[str, Any]) -> list[Evidenc
             if queued.get(key) != run.get(key):
                 problems.append(EvidenceProblem(
                     rid, 1, f"run.queued records {key} {queued.get(key)!r}, the run {run.get(key)!r}"))
+        recorded = queued.get("input_sha256")
+        if recorded is not None and (not isinstance(run.get("input"), str)
+                                     or input_sha256(run["input"]) != recorded):
+            problems.append(EvidenceProblem(
+                rid, 1, "the run's input is not the text its run.queued recorded (input_sha256)"))
+    problems += _row_problems(run, events)
     ending = _ENDINGS.get(events[-1]["type"]) if events else None
     if ending is not None and ending != run["status"]:
         problems.append(EvidenceProblem(rid, events[-1]["seq"],
                                         f"ends with {events[-1]['type']} but the run is {run['status']}"))
     return problems
+
+
+def _row_problems(run: dict[str, Any], events: list[dict[str, Any]]) -> list[EvidenceProblem]:
+    """The run row's fields that its hashed events also record: the times of its queueing,
+    start and end, the executor that started it and a failed run's error."""
+    rid, problems = run["id"], []
+    by_type: dict[str, dict[str, Any]] = {}
+    for event in events:
+        by_type[event["type"]] = event  # the last of each type (one run.started per run)
+    terminal = events[-1] if events and events[-1]["type"] in _ENDINGS else None
+    expected = {
+        "created_at": events[0]["created_at"] if events else None,
+        "started_at": by_type.get("run.started", {}).get("created_at"),
+        "finished_at": terminal["created_at"] if terminal else None,
+    }
+    for key, at in expected.items():
+        if _moment(run.get(key)) != _moment(at):
+            problems.append(EvidenceProblem(rid, None, f"the run's {key} {run.get(key)!r} is not "
+                                                       f"its events' {at!r}"))
+    started = by_type.get("run.started")
+    if started is not None and run.get("executor_instance_id") != started["data"].get(
+            "executor_instance_id"):
+        problems.append(EvidenceProblem(rid, started["seq"], "the run's executor_instance_id is "
+                                                             "not the one run.started recorded"))
+    if run.get("status") == "failed" and terminal is not None and (
+            run.get("error") != terminal["data"].get("error")):
+        problems.append(EvidenceProblem(rid, terminal["seq"],
+                                        "the run's error is not the one run.failed recorded"))
+    return problems
+
+
+def _moment(text: Any) -> datetime | None:
+    if text is None:
+        return None
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
 
 
 def _tree_problems(runs: dict[str, dict[str, Any]], root_id: str) -> list[EvidenceProblem]:
@@ -206,14 +253,22 @@ def verify_bundle(doc: Any) -> BundleReport:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         return BundleReport(0, 0, [EvidenceProblem(None, None, f"malformed bundle: {exc!r}")])
     events = sum(len(r["events"]) for r in doc["runs"])
-    return BundleReport(len(runs), events, problems, _answer_notes(doc, runs))
+    return BundleReport(len(runs), events, problems, _notes(doc, runs))
 
 
-def _answer_notes(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+def _notes(doc: dict[str, Any], runs: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """What older runs leave uncovered: texts recorded before the ledger bound them."""
+    notes = []
     rid = (doc.get("message") or {}).get("run_id")
     record = runs.get(rid) if isinstance(rid, str) else None
     last = record["events"][-1] if record and record["events"] else {}
     if last.get("type") == "run.completed" and "content_sha256" not in last.get("data", {}):
-        return ("the answer's text is not covered by the chain: its run was recorded before "
-                "answers carried content_sha256 (the streamed message.delta texts are)",)
-    return ()
+        notes.append("the answer's text is not covered by the chain: its run was recorded "
+                     "before answers carried content_sha256 (the streamed message.delta texts "
+                     "are)")
+    older = [r for r, rec in runs.items()
+             if rec["events"] and "input_sha256" not in rec["events"][0].get("data", {})]
+    if older:
+        notes.append(f"the input of {len(older)} run(s) is not covered by the chain: recorded "
+                     "before run.queued carried input_sha256")
+    return tuple(notes)

@@ -39,6 +39,13 @@ def answer_sha256(content: str) -> str:
     return sha256_hex(content)
 
 
+def input_sha256(text: str) -> str:
+    """``run.queued``'s ``input_sha256``: the run's input as stored (the question, or a child's
+    task) bound into its chain, since the text lives in the run row, outside the hashed
+    events."""
+    return sha256_hex(text)
+
+
 def timestamp_text(moment: datetime) -> str:
     """Microsecond UTC text, the precision both databases store."""
     if moment.tzinfo is not UTC:
