@@ -7,6 +7,11 @@ the outputs of a registered callback and sends exactly the inputs and state that
 (same ids, same properties, in order). Anything else raises ``InvalidRequest``, which the app's
 error handler answers with the usual JSON envelope (400 ``invalid_request``); nothing is logged
 as an error and no callback runs.
+
+The values themselves are the callbacks' to read: any JSON may come (a tampered store, a
+hand-made request), and each page's callback takes what it can use of it (``dashboards.params``)
+and ignores the rest. Dash's own page router is the exception, checked here: it reads the
+location as the browser has it, and fails inside Dash on anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from agentledger.core.errors import InvalidRequest
 
 _WILDCARDS = (["MATCH"], ["ALL"], ["ALLSMALLER"])
 _SHOWN = 120  # characters of a sent output id quoted back in a message
+# The location component of Dash's page router (``dash.page_container``): a path from "/", and
+# a query string (or nothing).
+_ROUTER_LOCATION = "_pages_location"
 
 
 def check_callback_request(body: Any, callback_map: dict[str, dict[str, Any]]) -> None:
@@ -31,8 +39,12 @@ def check_callback_request(body: Any, callback_map: dict[str, dict[str, Any]]) -
     declared = callback_map.get(output)
     if declared is None:
         raise InvalidRequest(f"no callback has the output {output[:_SHOWN]!r}")
+    if "callback" not in declared:
+        # A clientside callback: the browser runs it, the server has no function to call.
+        raise InvalidRequest(f"the callback of {output[:_SHOWN]!r} runs in the browser")
     for key in ("inputs", "state"):
         _check_dependencies(key, body.get(key, []), declared[key])
+    _check_location(body.get("inputs", []))
     if not declared.get("no_output"):
         _check_outputs(body.get("outputs"), declared["output"])
     changed = body.get("changedPropIds", [])
@@ -40,6 +52,18 @@ def check_callback_request(body: Any, callback_map: dict[str, dict[str, Any]]) -
         raise InvalidRequest("'changedPropIds' must be a list of strings")
     for prop_id in changed:
         _check_changed(prop_id)
+
+
+def _check_location(inputs: list[Any]) -> None:
+    for item in inputs:
+        if not isinstance(item, dict) or item["id"] != _ROUTER_LOCATION:
+            continue  # a list: the components of an ALL pattern
+        value = item.get("value")
+        if item["property"] == "pathname" and not (isinstance(value, str)
+                                                   and value.startswith("/")):
+            raise InvalidRequest("a page's path is a string that starts with '/'")
+        if item["property"] == "search" and not (value is None or isinstance(value, str)):
+            raise InvalidRequest("a page's query string is a string")
 
 
 def _check_changed(prop_id: str) -> None:

@@ -162,8 +162,10 @@ def loading(children, id: str | None = None, *,
     return dcc.Loading(children, type="default", delay_show=250, **kwargs)
 
 
-def window_picker(prefix: str, key: str, since: str | None, until: str | None) -> dbc.Row:
-    """Preset windows plus a custom date range (shown when 'Custom dates…' is picked)."""
+def window_picker(prefix: str, key: str, since: object, until: object) -> dbc.Row:
+    """Preset windows plus a custom date range (shown when 'Custom dates…' is picked), opened
+    on the days of the URL that are days."""
+    since, until = params.day_text(since), params.day_text(until)
     return dbc.Row([
         dbc.Col(dbc.Select(
             id=f"{prefix}-window",
@@ -253,14 +255,37 @@ def new_pager() -> dict[str, Any]:
     return {"cursors": [None], "page": 0, "next": None}
 
 
-def pager_step(state: dict[str, Any] | None, trigger: str | None, prefix: str) -> dict[str, Any]:
+def _well_formed(state: Any) -> dict[str, Any] | None:
+    """``state`` when it is a pager as ``pager_view`` writes it, else None. The store lives in
+    the browser, which may send back anything at all; a pager holds the cursor of each page
+    read so far (the first page's None, the others' strings), the page shown (an index into
+    them) and the next page's cursor (a string, or None on the last page). Whether a cursor
+    string is one this server made is the query's to say: ``BadCursor``, 400, as in the twins."""
+    if not isinstance(state, dict):
+        return None
+    cursors, page, after = state.get("cursors"), state.get("page"), state.get("next")
+    if (not isinstance(cursors, list) or not cursors or cursors[0] is not None
+            or not all(isinstance(c, str) for c in cursors[1:])):
+        return None
+    if type(page) is not int or not 0 <= page < len(cursors):  # bool is an int, not a page
+        return None
+    if after is not None and not isinstance(after, str):
+        return None
+    return {"cursors": cursors, "page": page, "next": after}
+
+
+def pager_step(state: Any, trigger: str | None, prefix: str) -> dict[str, Any]:
     """The pager after a click (``<prefix>-next`` / ``<prefix>-prev``); anything else (a
-    filter change, the first load) starts again at the first page."""
-    state = dict(state or new_pager())
-    if trigger == f"{prefix}-next" and state.get("next"):
+    filter change, the first load) starts again at the first page. So does a click on a pager
+    that is not well formed (``_well_formed``): a stale or edited store is nothing the user
+    could fix, and the first page is the page they opened."""
+    state = _well_formed(state)
+    if state is None:
+        return new_pager()
+    if trigger == f"{prefix}-next" and state["next"]:
         page = state["page"] + 1
         return {"cursors": state["cursors"][:page] + [state["next"]], "page": page, "next": None}
-    if trigger == f"{prefix}-prev" and state.get("page", 0) > 0:
+    if trigger == f"{prefix}-prev" and state["page"] > 0:
         return {"cursors": state["cursors"], "page": state["page"] - 1, "next": None}
     if trigger in (f"{prefix}-next", f"{prefix}-prev"):
         return {**state, "next": None}
@@ -280,9 +305,11 @@ def pager_view(state: dict[str, Any], shown: int, next_cursor: str | None,
 
 # --- filters in the URL ----------------------------------------------------------------------------
 
-def window_params(key: str, since: str | None, until: str | None) -> dict[str, Any]:
+def window_params(key: str, since: object, until: object) -> dict[str, Any]:
+    """The window's part of the page's URL: the preset, or ``custom`` and its days."""
     custom = key == "custom"
-    return {"window": key, "since": since if custom else None, "until": until if custom else None}
+    return {"window": key, "since": params.day_text(since) if custom else None,
+            "until": params.day_text(until) if custom else None}
 
 
 def url_search(values: dict[str, Any], defaults: dict[str, Any], current: str | None):

@@ -11,6 +11,7 @@ import re
 from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
+from agentledger.core.hashing import is_storable_text
 from queries.common import MAX_LIMIT, WINDOW_SPANS, TimeWindow
 
 _LABELS = {"1h": "Last hour", "6h": "Last 6 hours", "24h": "Last 24 hours", "7d": "Last 7 days",
@@ -22,21 +23,43 @@ WINDOW_CHOICES: dict[str, tuple[str, timedelta | None]] = {
 }
 DEFAULT_WINDOW = "7d"
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+# The longest free-text filter: an owner, an executor instance id, an actor (and the search).
+TEXT_LENGTH = 200
+# The longest agent id (``AGENT_ID_PATTERN`` of the API: its twins take no longer one).
+AGENT_ID_LENGTH = 63
+# The longest session or run id a twin takes as a filter (``session_id``, ``root_run_id``).
+RUN_ID_LENGTH = 40
+# A twin takes window bounds in the years 1900 to 9000 (agentledger.api.requests): custom days
+# are read within them, so that a page and its JSON link read the same window.
+_FIRST_BOUND = datetime(1900, 1, 1, tzinfo=UTC)
+_LAST_BOUND = datetime(9000, 12, 31, tzinfo=UTC)
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
-def text(value: object, *, max_length: int = 200) -> str | None:
-    """A trimmed string, or None when empty."""
-    if value is None:
+def text(value: object, *, max_length: int = TEXT_LENGTH) -> str | None:
+    """Free text someone typed (words to search for, an owner, an executor, an actor): the
+    string trimmed and cut to ``max_length`` characters, or None when it is empty, not a string,
+    or not storable (NUL or lone surrogates, which no stored value holds and the databases
+    refuse as a parameter). A filter of this kind is applied as typed, whatever characters it
+    has: it is a bound parameter, never part of the SQL."""
+    if not isinstance(value, str):
         return None
-    found = str(value).strip()[:max_length]
-    return found or None
+    found = value.strip()[:max_length]
+    return found if found and is_storable_text(found) else None
 
 
-def identifier(value: object) -> str | None:
-    """An id-like value (run, session, agent, owner, executor ids), else None."""
-    found = text(value)
-    return found if found and _ID.match(found) else None
+def identifier(value: object, *, max_length: int = 200) -> str | None:
+    """An id this server made (``run_…``, ``msg_…``, an agent's slug): letters, digits and
+    ``_.:-``, at most ``max_length`` characters, else None. For ids that go into a link or a
+    path, or pick from a list; a filter someone types is ``text``."""
+    found = value.strip() if isinstance(value, str) else None
+    return found if found and len(found) <= max_length and _ID.fullmatch(found) else None
+
+
+def agent(value: object) -> str | None:
+    """An agent id from a drop-down or the URL (as long as the twins take)."""
+    return identifier(value, max_length=AGENT_ID_LENGTH)
 
 
 def integer(value: object, default: int | None, *, low: int, high: int) -> int | None:
@@ -51,11 +74,39 @@ def choice(value: object, allowed, default: str | None = None) -> str | None:
     return value if isinstance(value, str) and value in allowed else default
 
 
-def _day(value: object) -> date | None:
-    try:
-        return date.fromisoformat(str(value)[:10]) if value else None
-    except ValueError:
+def day(value: object) -> date | None:
+    """A calendar day as a date picker or the URL writes it (``YYYY-MM-DD``; what follows the
+    tenth character is ignored), else None."""
+    if not isinstance(value, str) or not _DAY.match(value):
         return None
+    try:
+        return date.fromisoformat(value[:10])
+    except ValueError:  # 2026-02-30
+        return None
+
+
+def day_text(value: object) -> str | None:
+    """``day`` written back as ``YYYY-MM-DD`` (for the URL and the date picker)."""
+    found = day(value)
+    return found.isoformat() if found else None
+
+
+def _start_bound(first: date | None) -> datetime | None:
+    """The start of the first day; a day before 1900 is the beginning (no bound), a day after
+    9000 the latest bound a twin takes (nothing was created after it)."""
+    if first is None:
+        return None
+    start = datetime.combine(first, time(), UTC)
+    return None if start < _FIRST_BOUND else min(start, _LAST_BOUND)
+
+
+def _end_bound(last: date | None) -> datetime | None:
+    """The end of the last day (the next day's start); a last day from 9000-12-31 on is open
+    (no bound: its end may not even be a date), a day before 1900 ends at the earliest bound a
+    twin takes (nothing was created before it)."""
+    if last is None or last >= _LAST_BOUND.date():
+        return None
+    return max(datetime.combine(last + timedelta(days=1), time(), UTC), _FIRST_BOUND)
 
 
 def window_key(value: object, default: str = DEFAULT_WINDOW) -> str:
@@ -65,21 +116,18 @@ def window_key(value: object, default: str = DEFAULT_WINDOW) -> str:
 def resolve_window(
     key: str, since: object = None, until: object = None, *, now: datetime | None = None
 ) -> TimeWindow:
-    """A preset relative to now, or ``custom`` whole UTC days from ``since`` to ``until``."""
+    """A preset relative to now, or ``custom`` whole UTC days from ``since`` to ``until``
+    (either may be missing: open at that end), within the years a twin takes as bounds."""
     now = now or datetime.now(UTC)
     if key == "custom":
-        start, end = _day(since), _day(until)
-        return TimeWindow(
-            datetime.combine(start, time(), UTC) if start else None,
-            datetime.combine(end + timedelta(days=1), time(), UTC) if end else None,
-        )
+        return TimeWindow(_start_bound(day(since)), _end_bound(day(until)))
     span = WINDOW_CHOICES.get(key, WINDOW_CHOICES[DEFAULT_WINDOW])[1]
     return TimeWindow(now - span, None) if span is not None else TimeWindow()
 
 
 def describe_window(key: str, since: object = None, until: object = None) -> str:
     if key == "custom":
-        start, end = _day(since), _day(until)
+        start, end = day(since), day(until)
         return f"{start or 'the beginning'} to {end or 'now'} (UTC days)"
     return WINDOW_CHOICES.get(key, WINDOW_CHOICES[DEFAULT_WINDOW])[0].lower()
 

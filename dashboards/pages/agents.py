@@ -93,7 +93,7 @@ def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_)
         ])),
         html.Hr(),
         dbc.Row([
-            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent),
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.agent(agent),
                                                            placeholder="pick an agent")), md=4),
             dbc.Col(ui.labelled("Compare version", dbc.Select(
                 id=f"{P}-a", value=str(params.integer(a, None, **version) or ""), options=[])), md=2),
@@ -128,6 +128,7 @@ def _version_options(agent_id: str | None) -> list[dict]:
 )
 def pick_agent(agent_id, a, b):
     options = ui.agent_options()
+    agent_id = params.agent(agent_id)
     if not agent_id:
         # Open on an agent that has versions to compare.
         with ui.read() as s:
@@ -208,7 +209,7 @@ def _side_by_side(agent_id: str, a: int, b: int, va: dict | None, vb: dict | Non
 def outcomes(window, since, until, agent_id, a, b, current_search):
     key = params.window_key(window, DEFAULT_WINDOW)
     window_ = params.resolve_window(key, since, until)
-    agent_id = params.identifier(agent_id)
+    agent_id = params.agent(agent_id)
     a = params.integer(a, None, low=1, high=1_000_000)
     b = params.integer(b, None, low=1, high=1_000_000)
     with ui.read() as s:

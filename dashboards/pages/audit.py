@@ -39,7 +39,8 @@ def layout(action=None, actor=None, **_):
                 options=[{"label": "any action", "value": ui.ANY}]
                 + [{"label": a, "value": a} for a in ACTIONS])), md=3),
             dbc.Col(ui.labelled("Who", dbc.Input(id=f"{P}-actor", debounce=True,
-                                                  value=params.identifier(actor),
+                                                  value=params.text(actor),
+                                                  maxLength=params.TEXT_LENGTH,
                                                   placeholder="owner or cli:user")), md=3),
         ], className="g-2 mb-3"),
         ui.pager(P),
@@ -62,7 +63,8 @@ def layout(action=None, actor=None, **_):
     State(f"{P}-url", "search"),
 )
 def listing(action, actor, _prev, _next, pager, current_search):
-    values = {"action": params.choice(action, ACTIONS), "actor": params.identifier(actor)}
+    # An actor is an owner (any text) or cli:<user>: the actor filter is text.
+    values = {"action": params.choice(action, ACTIONS), "actor": params.text(actor)}
     state = ui.pager_step(pager, ctx.triggered_id, P)
     with ui.read() as s:
         page = admin_actions(s, ActionFilters(action=values["action"], actor=values["actor"]),

@@ -51,9 +51,10 @@ def layout(reason=None, executor=None, agent=None, window=None, since=None, unti
                 options=[{"label": "any reason", "value": ui.ANY}]
                 + [{"label": r, "value": r} for r in REASONS])), md=2),
             dbc.Col(ui.labelled("Executor", dbc.Input(id=f"{P}-executor", debounce=True,
-                                                       value=params.identifier(executor),
+                                                       value=params.text(executor),
+                                                       maxLength=params.TEXT_LENGTH,
                                                        placeholder="executor instance id")), md=3),
-            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent))),
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.agent(agent))),
                     md=3),
             dbc.Col(ui.labelled("Interrupted", ui.window_picker(P, key, since, until)), md=4),
         ], className="g-2 mb-3"),
@@ -77,8 +78,10 @@ def load_agents(_pathname):
 
 
 def _filters(reason, executor, agent, key, since, until) -> tuple[dict, InterruptedFilters]:
-    values = {"reason": params.choice(reason, REASONS), "executor": params.identifier(executor),
-              "agent": params.identifier(agent)}
+    # An executor instance id is any text its executor chose (up to 200 characters), not an id
+    # of ours: the executor filter is text.
+    values = {"reason": params.choice(reason, REASONS), "executor": params.text(executor),
+              "agent": params.agent(agent)}
     return values, InterruptedFilters(window=params.resolve_window(key, since, until),
                                       reason=values["reason"],
                                       executor_instance_id=values["executor"],

@@ -12,7 +12,7 @@ import dash_bootstrap_components as dbc
 from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
-from dashboards import event_log
+from dashboards import event_log, params
 from dashboards.page_registry import callback
 from queries.agents_catalog import get_agent
 from queries.provenance import UserMessage, diff_agent_versions, message_provenance
@@ -90,19 +90,20 @@ def _since_then(agent_id: str, version: int, current: dict | None, diff: dict | 
 
 
 @callback(Output(f"{P}-body", "children"), Input(f"{P}-id", "data"))
-def show(message_id):
-    if not isinstance(message_id, str) or not message_id:
+def show(asked):
+    if not isinstance(asked, str) or not asked:
         return ui.empty_state("No message", "Open an answer from the Messages page.")
+    message_id = params.identifier(asked) or ""  # anything that is no id of ours names nothing
     with ui.read() as s:
         try:
-            found = message_provenance(s, message_id)
+            found = message_provenance(s, message_id) if message_id else None
         except UserMessage:
             return ui.empty_state(
                 "This is a user's message",
                 f"{message_id} was written by a user. Provenance exists only for assistant answers.")
         if found is None:
-            return ui.empty_state("No such answer",
-                                  f"There is no message {message_id}. Search on the Messages page.")
+            return ui.empty_state("No such answer", f"There is no message "
+                                  f"{params.text(asked) or ''}. Search on the Messages page.")
         run = found["run"]
         agent = found["agent"]
         events = event_log.first_page(s, run["id"])

@@ -26,6 +26,12 @@ COLUMNS = [
 ]
 
 
+def _session(value) -> str | None:
+    """The session filter: applied as typed (one that is no id matches nothing), as long as the
+    twin takes."""
+    return params.text(value, max_length=params.RUN_ID_LENGTH)
+
+
 def layout(q=None, session=None, owner=None, agent=None, window=None, since=None, until=None,
            **_):
     key = params.window_key(window, DEFAULT_WINDOW)
@@ -35,15 +41,18 @@ def layout(q=None, session=None, owner=None, agent=None, window=None, since=None
                        "version and context produced it.", twin=TWIN, twin_id=f"{P}-json"),
         dbc.Row([
             dbc.Col(ui.labelled("Text", dbc.Input(id=f"{P}-q", value=params.text(q), debounce=True,
-                                                   placeholder="words in the answer", type="search")),
+                                                   maxLength=params.TEXT_LENGTH,
+                                                   placeholder="words in the answer",
+                                                   type="search")), md=3),
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.agent(agent))),
                     md=3),
-            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent))),
-                    md=3),
-            dbc.Col(ui.labelled("Owner", dbc.Input(id=f"{P}-owner", value=params.identifier(owner),
-                                                    debounce=True, placeholder="owner id")), md=2),
-            dbc.Col(ui.labelled("Session", dbc.Input(id=f"{P}-session",
-                                                      value=params.identifier(session),
-                                                      debounce=True, placeholder="sess_…")), md=2),
+            dbc.Col(ui.labelled("Owner", dbc.Input(id=f"{P}-owner", value=params.text(owner),
+                                                    debounce=True, maxLength=params.TEXT_LENGTH,
+                                                    placeholder="owner id")), md=2),
+            dbc.Col(ui.labelled("Session", dbc.Input(id=f"{P}-session", value=_session(session),
+                                                      debounce=True,
+                                                      maxLength=params.RUN_ID_LENGTH,
+                                                      placeholder="sess_…")), md=2),
             dbc.Col(ui.labelled("Answered", ui.window_picker(P, key, since, until)), md=2),
         ], className="g-2 mb-2"),
         ui.pager(P),
@@ -78,8 +87,9 @@ def load_agents(_pathname):
 )
 def search(q, agent, owner, session, window, since, until, _prev, _next, pager, current_search):
     key = params.window_key(window, DEFAULT_WINDOW)
-    filters = {"q": params.text(q), "agent": params.identifier(agent),
-               "owner": params.identifier(owner), "session": params.identifier(session)}
+    # Owners are any text (ingest.tokens): the owner filter is text, not an id.
+    filters = {"q": params.text(q), "agent": params.agent(agent), "owner": params.text(owner),
+               "session": _session(session)}
     state = ui.pager_step(pager, ctx.triggered_id, P)
     query = MessageSearch(
         text=filters["q"], agent_id=filters["agent"], owner_id=filters["owner"],

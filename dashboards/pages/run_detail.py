@@ -12,7 +12,7 @@ import dash_cytoscape as cyto
 from dash import Input, Output, dcc, html
 
 from dashboards import components as ui
-from dashboards import event_log, figures
+from dashboards import event_log, figures, params
 from dashboards.page_registry import callback
 from queries.run_tree import run_tree
 from queries.runs import get_run
@@ -48,12 +48,12 @@ def layout(run_id: str | None = None, **_):
     Output(f"{P}-tree", "layout"),
     Input(f"{P}-id", "data"),
 )
-def load_tree(run_id):
-    run_id = run_id if isinstance(run_id, str) else None  # ids are text; anything else names no run
+def load_tree(asked):
+    run_id = params.identifier(asked)  # anything that is no id of ours names no run
     with ui.read() as s:
         tree = run_tree(s, run_id) if run_id else None
     if tree is None:
-        missing = ui.empty_state("No such run", f"There is no run {run_id or ''}. "
+        missing = ui.empty_state("No such run", f"There is no run {params.text(asked) or ''}. "
                                  "Find runs on the Runs page.")
         return missing, [], {"name": "preset"}
     nodes = tree["nodes"]
@@ -78,7 +78,7 @@ def load_tree(run_id):
 )
 def show_node(tapped, run_id):
     tapped_id = tapped.get("id") if isinstance(tapped, dict) else None
-    node_id = next((i for i in (tapped_id, run_id) if isinstance(i, str) and i), None)
+    node_id = params.identifier(tapped_id) or params.identifier(run_id)
     if not node_id:
         return None
     with ui.read() as s:

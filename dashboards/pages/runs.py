@@ -28,6 +28,12 @@ COLUMNS = [
 ]
 
 
+def _run_id(value) -> str | None:
+    """A session or root run filter: applied as typed (one that is no id matches no run), as
+    long as the twin takes."""
+    return params.text(value, max_length=params.RUN_ID_LENGTH)
+
+
 def layout(status=None, agent=None, session=None, root=None, window=None, since=None, until=None,
            **_):
     key = params.window_key(window)
@@ -40,13 +46,15 @@ def layout(status=None, agent=None, session=None, root=None, window=None, since=
                                                      options=ui.STATUS_FILTER_OPTIONS,
                                                      value=params.choice(status, STATUSES, ui.ANY))),
                     md=2),
-            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent))),
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.agent(agent))),
                     md=3),
             dbc.Col(ui.labelled("Session", dbc.Input(id=f"{P}-session", debounce=True,
-                                                      value=params.identifier(session),
+                                                      value=_run_id(session),
+                                                      maxLength=params.RUN_ID_LENGTH,
                                                       placeholder="sess_…")), md=2),
             dbc.Col(ui.labelled("Root run", dbc.Input(id=f"{P}-root", debounce=True,
-                                                       value=params.identifier(root),
+                                                       value=_run_id(root),
+                                                       maxLength=params.RUN_ID_LENGTH,
                                                        placeholder="run_…")), md=2),
             dbc.Col(ui.labelled("Created", ui.window_picker(P, key, since, until)), md=3),
         ], className="g-2 mb-2"),
@@ -83,8 +91,8 @@ def load_agents(_pathname):
 def explore(status, agent, session, root, window, since, until, _prev, _next, pager,
             current_search):
     key = params.window_key(window)
-    values = {"status": params.choice(status, STATUSES), "agent": params.identifier(agent),
-              "session": params.identifier(session), "root": params.identifier(root)}
+    values = {"status": params.choice(status, STATUSES), "agent": params.agent(agent),
+              "session": _run_id(session), "root": _run_id(root)}
     window_ = params.resolve_window(key, since, until)
     filters = RunFilters(status=values["status"], agent_id=values["agent"],
                          session_id=values["session"], root_run_id=values["root"],

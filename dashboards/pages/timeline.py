@@ -34,7 +34,7 @@ def layout(status=None, agent=None, roots=None, limit=None, align=None, window=N
                                                      options=ui.STATUS_FILTER_OPTIONS,
                                                      value=params.choice(status, STATUSES, ui.ANY))),
                     md=2),
-            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.identifier(agent))),
+            dbc.Col(ui.labelled("Agent", ui.agent_dropdown(f"{P}-agent", params.agent(agent))),
                     md=2),
             dbc.Col(ui.labelled("Runs", dbc.Select(id=f"{P}-roots", value=params.choice(
                 roots, ("all", "roots"), "all"), options=[
@@ -76,7 +76,7 @@ def load_agents(_pathname):
 )
 def draw(status, agent, roots, limit, align, window, since, until, current_search):
     key = params.window_key(window, DEFAULT_WINDOW)
-    values = {"status": params.choice(status, STATUSES), "agent": params.identifier(agent),
+    values = {"status": params.choice(status, STATUSES), "agent": params.agent(agent),
               "roots": params.choice(roots, ("all", "roots"), "all"),
               "limit": params.choice(limit, LIMITS, "100"),
               "align": params.choice(align, ALIGNS, "start")}
@@ -109,8 +109,11 @@ def draw(status, agent, roots, limit, align, window, since, until, current_searc
 @callback(Output(f"{P}-nav", "pathname"), Input(f"{P}-chart", "clickData"),
           prevent_initial_call=True)
 def open_run(click):
-    points = (click or {}).get("points") or []
-    run_id = points[0].get("customdata", [None])[0] if points else None
+    # A bar's customdata is [run id, status, seconds]; the browser may send anything else.
+    points = click.get("points") if isinstance(click, dict) else None
+    point = points[0] if isinstance(points, list) and points else None
+    data = point.get("customdata") if isinstance(point, dict) else None
+    run_id = params.identifier(data[0]) if isinstance(data, list) and data else None
     return f"/runs/{run_id}" if run_id else no_update
 
 
