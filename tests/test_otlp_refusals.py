@@ -165,3 +165,28 @@ def test_attribute_json_the_ledger_cannot_store_is_kept_as_the_text_sent(db):
         ).scalars().all()
     assert [d["input"] for d in inputs] == [*sent[:4], {"q": [1, 2]}]
     assert_chains_ok(db)
+
+
+def test_spans_of_a_trace_another_owner_exported_are_refused(db):
+    """A trace's runs belong to the owner whose token exported it: another owner's spans of
+    the same trace are refused (reported, not stored), whether they would join a recorded run,
+    complete a waiting one, or repeat its very spans."""
+    recorded, waiting = _trace(51), _trace(52)
+    mine = _tree(recorded, "owned-agent", _chat())
+    assert receive_spans(db, "alice", mine).runs_written == 1
+    stray = _span(waiting, "b" * 16, "a" * 16, _chat(), 10, 20)  # its agent span not yet sent
+    assert receive_spans(db, "alice", [stray]).new == 1
+    before = (_claims(db, recorded), _claims(db, waiting), _count(db, AgentRun))
+
+    for spans in ([_span(recorded, "c" * 16, "a" * 16, _chat(), 30, 40)],  # under alice's run
+                  [_span(waiting, "a" * 16, None, _agent("bobs-agent"))],  # alice's span's parent
+                  mine):  # alice's spans, again
+        outcome = receive_spans(db, "bob", spans)
+        assert (outcome.new, outcome.runs_written, outcome.rejected) == (0, 0, len(spans))
+        assert "another owner" in outcome.error_message
+    assert (_claims(db, recorded), _claims(db, waiting), _count(db, AgentRun)) == before
+    with db.read() as s:
+        assert set(s.execute(select(OtlpSpan.owner_id)).scalars()) == {"alice"}
+    # alice completes her trace as before
+    assert receive_spans(db, "alice", [_span(waiting, "a" * 16, None, _agent("owned-agent"))]
+                         ).runs_written == 1

@@ -951,6 +951,15 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
             return outcome
     with db.write() as s:
         now = dialect.now(s)
+        foreign = _traces_of_other_owners(s, owner_id, {row["trace_id"] for row in rows})
+        if foreign:
+            refused_rows = [row for row in rows if row["trace_id"] in foreign]
+            rows = [row for row in rows if row["trace_id"] not in foreign]
+            outcome.rejected += len(refused_rows)
+            outcome.messages.append(
+                f"{len(refused_rows)} span(s) of trace(s) {', '.join(sorted(foreign)[:3])}"
+                f"{' …' if len(foreign) > 3 else ''} were refused: another owner exported spans "
+                "of those traces first, and a trace is recorded for one owner (the token's)")
         for row in rows:
             row["received_at"] = now
         # Sorted by key (stable: a span sent twice keeps its first copy first), like the
@@ -980,6 +989,28 @@ def receive_spans(db: Database, owner_id: str, spans: list[ReceivedSpan], *,
             outcome.messages.append(f"{late} span(s) arrived after the run they belong to "
                                     "was recorded; they are kept but not recorded")
     return outcome
+
+
+def _traces_of_other_owners(session: Session, owner_id: str, trace_ids: set[str]) -> set[str]:
+    """The traces among these that hold spans another owner exported. A trace's runs belong to
+    the owner of the token that exported it: spans of another owner would join that owner's
+    run tree (and a re-export of the same span ids by another owner would be a silent
+    duplicate), so they are refused instead. Not serialised against another owner storing the
+    first spans of the same trace at the same instant (the trace ids of two owners do not meet
+    unless one propagates its context to the other)."""
+    if not trace_ids:
+        return set()
+    if dialect.name(session) == "postgresql":  # one primary-key probe per trace (_per_trace)
+        return set(session.execute(_OTHER_OWNERS, {"ids": sorted(trace_ids),
+                                                   "owner": owner_id}).scalars())
+    return set(session.execute(
+        select(OtlpSpan.trace_id).distinct()
+        .where(OtlpSpan.trace_id.in_(trace_ids), OtlpSpan.owner_id != owner_id)).scalars())
+
+
+_OTHER_OWNERS = text(
+    "SELECT t.id FROM unnest(CAST(:ids AS text[])) AS t(id) WHERE EXISTS "
+    "(SELECT 1 FROM otlp_span AS s WHERE s.trace_id = t.id AND s.owner_id <> :owner)")
 
 
 def _key(row: dict) -> tuple[str, str]:
