@@ -391,7 +391,10 @@ class Lifecycle(RuleBasedStateMachine):
         m = self.runs[run]
         executor = self.who(m, acting)
         self.tally("executor_gives_up")
-        error = None if self.lease_ok(m, executor) else LeaseLost
+        if not self.lease_ok(m, executor):
+            error = LeaseLost
+        else:  # a cancelling run is ended by its executor's run.cancelled or by the reconciler
+            error = None if m.status == "running" else CancelRequested
         event = ("run.interrupted", {"reason": "executor_shutdown"})
         if self.attempt(error, lambda s: append_events(s, run, [event],
                                                        executor_instance_id=executor)):
