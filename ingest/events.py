@@ -47,7 +47,7 @@ from agentledger.core.database import (
     read_one,
 )
 from agentledger.core.driver_statements import one_of
-from agentledger.core.errors import CancelRequested, IllegalTransition, LeaseLost, NotFound
+from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import answer_sha256, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
@@ -56,7 +56,13 @@ from agentledger.core.schema import AgentRun, Message, RunEvent, UTCDateTime
 from agentledger.core.vocabulary import ACTIVE, TERMINAL
 from ingest.event_types import validated_data
 from ingest.rollup import RunOutcome, record_run_end, rollup_shard
-from ingest.state_machine import EVENT_TARGET, Lease, next_status, row_changes
+from ingest.state_machine import (
+    EVENT_TARGET,
+    Lease,
+    check_executor_interrupt,
+    next_status,
+    row_changes,
+)
 
 LOCKED_RUN_COLUMNS = (
     AgentRun.id,
@@ -375,11 +381,9 @@ def append_events(
     now = now or dialect.now(session, read=run.now)
     if executor_instance_id is not None:
         check_lease(run, executor_instance_id, now)
-        if run.status == "cancelling" and any(t == "run.interrupted" for t, _ in events):
-            # CONTRACT §2: while cancelling, the executor confirms the stop (run.cancelled);
-            # only the reconciler may end the run interrupted.
-            raise CancelRequested(f"run {run.id} is being cancelled: an executor ends it with "
-                                  "run.cancelled, not run.interrupted")
+        for event_type, data in events:
+            if event_type == "run.interrupted":
+                check_executor_interrupt(run.status, data)
 
     status, pending = _checked(run.status, events)
     redactor = redactor_of(session)

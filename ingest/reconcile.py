@@ -14,6 +14,7 @@ from agentledger.core import dialect
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import ACTIVE, NON_TERMINAL, TERMINAL
 from ingest.events import append_events, lock_run_and_parent
+from ingest.state_machine import EXECUTOR_INTERRUPT_REASON, executor_may_interrupt
 
 
 def expired_lease_run_ids(session: Session, *, limit: int = 500) -> list[str]:
@@ -106,10 +107,8 @@ def interrupt_executor_run(session: Session, run_id: str, executor_instance_id: 
     run = lock_run_and_parent(session, run_id)
     if run.status in TERMINAL or run.executor_instance_id != executor_instance_id:
         return False
-    if run.status == "cancelling" and reason == "executor_shutdown":
-        # CONTRACT §2: a cancelling run ends cancelled (the executor confirming the stop) or
-        # interrupted by the reconciler; a stopping executor leaves it to the reconciler.
-        return False
+    if reason == EXECUTOR_INTERRUPT_REASON and not executor_may_interrupt(run.status):
+        return False  # a stopping executor leaves a cancelling run to the reconciler
     append_events(
         session,
         run_id,

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agentledger.core.errors import CancelRequested, IllegalTransition, RunTerminal
+from agentledger.core.errors import (
+    CancelRequested,
+    IllegalTransition,
+    RunTerminal,
+    ValidationFailed,
+)
 from agentledger.core.vocabulary import ACTIVE, PROGRESS_EVENTS, TERMINAL
 
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -86,3 +91,28 @@ def next_status(current: str, event_type: str) -> str:
             f"the run is being cancelled; {event_type} is refused, only run.cancelled may end it"
         )
     raise IllegalTransition(f"{event_type} is not allowed when the run is {current}")
+
+
+# Who may end a run interrupted (CONTRACT §2). The ledger does, with the reason it saw
+# (lease_expired, parent_terminal, service_restart); an executor only with executor_shutdown,
+# and never while the run is cancelling: its run.cancelled confirms the stop, or the reconciler
+# ends the run when its lease runs out.
+EXECUTOR_INTERRUPT_REASON = "executor_shutdown"
+
+
+def executor_may_interrupt(current: str) -> bool:
+    """Whether a run's executor may end it ``interrupted`` (``executor_shutdown``) now."""
+    return current != "cancelling"
+
+
+def check_executor_interrupt(current: str, data: dict[str, Any]) -> None:
+    """Raise unless an executor may append ``run.interrupted`` with ``data`` to a run that is
+    ``current``: ``ValidationFailed`` for a reason that is the ledger's, ``CancelRequested``
+    while the run is being cancelled."""
+    if data.get("reason") != EXECUTOR_INTERRUPT_REASON:
+        raise ValidationFailed(f"run.interrupted from an executor: reason must be "
+                               f"{EXECUTOR_INTERRUPT_REASON!r}; the other reasons are the "
+                               "ledger's")
+    if not executor_may_interrupt(current):
+        raise CancelRequested("the run is being cancelled: an executor ends it with "
+                              "run.cancelled, not run.interrupted")

@@ -89,10 +89,6 @@ def executor_events(run_id: str, body: AppendEventsBody, raw_body):
             raise ValidationFailed(f"unknown event type {event.type!r}")
         if event.type not in EXECUTOR_APPENDABLE:
             raise IllegalTransition(f"{event.type} is written by the ledger, not by executors")
-        if event.type == "run.interrupted" and event.data.get("reason") != "executor_shutdown":
-            # lease_expired, parent_terminal and service_restart record what the ledger saw.
-            raise ValidationFailed("run.interrupted from an executor: reason must be "
-                                   "'executor_shutdown'; the other reasons are the ledger's")
         batch.append((event.type, event.data))
     result = append_events_alone(state().db, run_id, batch,
                                  executor_instance_id=body.executor_instance_id)
