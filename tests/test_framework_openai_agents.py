@@ -3,13 +3,11 @@ real executor on SQLite and PostgreSQL, the SDK's session stored in the ledger's
 
 from __future__ import annotations
 
-import threading
-from types import SimpleNamespace
-
 import pytest
 from framework_agents import sdk_agents
 from support.factories import make_agent, make_session, post
 from support.frameworks import answer_of, answered, ask, two_turns_in_a_worker
+from support.gates import hold_the_plodder
 from support.processes import (
     ExecutorPool,
     assert_one_terminal_event,
@@ -150,9 +148,7 @@ def test_cancel_while_a_tool_runs_plain_code_ends_within_a_second(sdk_db, execut
     sdk_agents.PLOD.update(steps=0, finished_at=None)
     answered(sdk_db, session, "my name is Ada")
 
-    let_go = threading.Event()
-    monkeypatch.setattr(sdk_agents, "PLOD_STEPS", int(PLOD_SECONDS / 0.1))
-    monkeypatch.setattr(sdk_agents, "time", SimpleNamespace(sleep=let_go.wait))
+    let_go = hold_the_plodder(monkeypatch, sdk_agents, PLOD_SECONDS)
     try:
         posted = post(sdk_db, session, "plod along")
         wait_until(lambda: sdk_agents.PLOD["steps"] > 0, timeout=30)

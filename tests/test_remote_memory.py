@@ -14,7 +14,6 @@ import asyncio
 import base64
 import re
 import threading
-from types import SimpleNamespace
 
 import httpx
 import psycopg
@@ -27,6 +26,7 @@ from support.api import FlaskApi, assert_error, claim_run, complete_run, open_se
 from support.expiry import expire_lease
 from support.factories import make_agent, make_session, post
 from support.frameworks import WORKER_PYTHONPATH, answer_of, answered, ask
+from support.gates import hold_the_plodder
 from support.processes import (
     Api,
     ExecutorPool,
@@ -294,9 +294,7 @@ def test_cancel_while_a_node_runs_plain_code_ends_within_a_second_on_an_api_work
     answered(db, session, "my name is Ada")
 
     # 30 s of plain code unless the test lets go (its 0.1 s sleeps become waits on a gate)
-    let_go = threading.Event()
-    monkeypatch.setattr(lg_graphs, "PLOD_STEPS", int(PLOD_SECONDS / 0.1))
-    monkeypatch.setattr(lg_graphs, "time", SimpleNamespace(sleep=let_go.wait))
+    let_go = hold_the_plodder(monkeypatch, lg_graphs, PLOD_SECONDS)
     try:
         posted = post(db, session, "plod along")
         wait_until(lambda: lg_graphs.PLOD["steps"] > 0, timeout=30)

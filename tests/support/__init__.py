@@ -19,6 +19,8 @@
 ``frameworks``      the framework-kind tests' ask / answer / two turns in a worker process
 ``expiry``          ``expire_lease``: a claimed run's lease moved into the past, so a test of
                     expiry does not race a short lease
+``gates``           ``hold_the_plodder``: a framework agent's plain-code work held open until
+                    the test lets go (cancel tests)
 ``async_graphs``    LangGraph graphs with async nodes, edges and tools (the kind refuses them)
 ==================  ==========================================================================
 
