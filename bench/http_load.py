@@ -197,11 +197,14 @@ def appends(db: Database, base_url: str, pg: bool, sizes: Sizes) -> list[Row]:
             mine = http_runs[i::CLIENTS]
             turn = iter(range(10**9))
 
-            def append(http=http, mine=mine, turn=turn, batch=batch) -> None:
-                run_id = mine[next(turn) % len(mine)]
+            def append(http=http, mine=mine, turn=turn, batch=batch, i=i) -> None:
+                n = next(turn)
+                run_id = mine[n % len(mine)]
+                # With a key, as ExecutorClient (an --api worker) sends every append.
                 status, body = http.post(f"/api/executor/runs/{run_id}/events", {
                     "executor_instance_id": BENCH_EXECUTOR,
-                    "events": [{"type": "message.delta", "data": {"text": "x "}}] * batch})
+                    "events": [{"type": "message.delta", "data": {"text": "x "}}] * batch},
+                    {"Idempotency-Key": f"bench-append-{i}-{n}"})
                 if status != 200:
                     raise RuntimeError(f"{status} {body[:200]!r}")
 

@@ -47,7 +47,7 @@ from agentledger.core.database import (
     read_one,
 )
 from agentledger.core.driver_statements import one_of
-from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound
+from agentledger.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, NotFound
 from agentledger.core.hashing import answer_sha256, canonical_json, event_hash_of_json
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
@@ -79,6 +79,9 @@ LOCKED_RUN_COLUMNS = (
     AgentRun.agent_version,
     AgentRun.created_at,
     AgentRun.started_at,
+    AgentRun.last_append_key_hash,
+    AgentRun.last_append_checksum,
+    AgentRun.last_append_first_seq,
 )
 
 
@@ -89,6 +92,38 @@ class AppendResult:
     status: str
     cancel_requested: bool
     final_message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AppendKey:
+    """An executor append's ``Idempotency-Key`` (as ``ingest.runs.idempotency_key_hash``)
+    and its request's checksum. A run remembers its latest keyed append: the same append sent
+    again (its answer was lost on the way) is answered with the seqs it wrote, not written twice;
+    the same key with another request is ``IdempotencyConflict``. Only the latest is kept: an
+    executor appends to a run one batch at a time and sends the next only once the last is
+    settled."""
+
+    key_hash: str
+    checksum: str
+
+    def columns(self, first_seq: int) -> dict[str, Any]:
+        """What the append that writes under this key sets on its run's row."""
+        return {"last_append_key_hash": self.key_hash, "last_append_checksum": self.checksum,
+                "last_append_first_seq": first_seq}
+
+
+def replayed_append(run, key: AppendKey | None, count: int) -> AppendResult | None:
+    """The answer to an append of ``count`` events that ``run`` (its row, with
+    ``LOCKED_RUN_COLUMNS``) already took under ``key``, or None to write it. Checked before the
+    lease: an append that ended the run is answered after the run has ended."""
+    if key is None or run.last_append_key_hash != key.key_hash:
+        return None
+    if run.last_append_checksum != key.checksum:
+        raise IdempotencyConflict("this Idempotency-Key was already used for a different append "
+                                  "to this run; use a new key")
+    first = run.last_append_first_seq
+    return AppendResult(run_id=run.id, seqs=list(range(first, first + count)), status=run.status,
+                        cancel_requested=run.status == "cancelling")
 
 
 @dataclass
@@ -357,6 +392,7 @@ def append_events(
     lease: Lease | None = None,
     now: datetime | None = None,
     locked=None,
+    key: AppendKey | None = None,
 ) -> AppendResult:
     """Append ``events`` (type, data) to a run in order, atomically.
 
@@ -365,6 +401,7 @@ def append_events(
     ``run.started`` in the batch grants (the claim passes it). ``locked``: the run's row as
     the caller read it under its row lock in this transaction, with ``LOCKED_RUN_COLUMNS``
     (the claim's); not for a batch that ends the run, whose parent must be locked first.
+    ``key``: the executor's ``Idempotency-Key`` for this append (``AppendKey``).
     """
     if not events:
         raise ValueError("append_events needs at least one event")
@@ -377,6 +414,8 @@ def append_events(
         run = lock_run_and_parent(session, run_id)
     else:
         run = lock_run(session, run_id)
+    if (replay := replayed_append(run, key, len(events))) is not None:
+        return replay
     # After the lock: events of one run are stamped in the order their appends committed.
     now = now or dialect.now(session, read=run.now)
     if executor_instance_id is not None:
@@ -445,6 +484,8 @@ def append_events(
                           strict=True))
 
     values.update(status=status, last_event_seq=seq, last_event_hash=chain)
+    if key is not None:
+        values.update(key.columns(rows[0][1]))
     advance = (_advance_statement(events_in, with_message, ends_run) if postgres
                else _ADVANCE_RUN)
     updated = execute_write(session, advance, {
@@ -541,7 +582,7 @@ _OPTIMISTIC_ATTEMPTS = 3
 
 
 def append_events_alone(db: Database, run_id: str, events: list[tuple[str, dict]], *,
-                        executor_instance_id: str) -> AppendResult:
+                        executor_instance_id: str, key: AppendKey | None = None) -> AppendResult:
     """An executor's append that is its own transaction: what ``append_events`` does in a
     ``db.write()`` of its own, with the same checks, rows, errors and result.
 
@@ -561,21 +602,24 @@ def append_events_alone(db: Database, run_id: str, events: list[tuple[str, dict]
         with db.autocommit_writes() as alone:
             assert alone is not None
             for _attempt in range(_OPTIMISTIC_ATTEMPTS):
-                done = _append_alone(alone, run_id, events, executor_instance_id)
+                done = _append_alone(alone, run_id, events, executor_instance_id, key)
                 if done is not None:
                     return done
     with db.write() as s:
-        return append_events(s, run_id, events, executor_instance_id=executor_instance_id)
+        return append_events(s, run_id, events, executor_instance_id=executor_instance_id,
+                             key=key)
 
 
 def _append_alone(alone: AutocommitWrites, run_id: str, events: list[tuple[str, dict]],
-                  executor_instance_id: str) -> AppendResult | None:
+                  executor_instance_id: str, key: AppendKey | None) -> AppendResult | None:
     """One optimistic attempt of ``append_events_alone``; None when another writer won."""
     if not events:
         raise ValueError("append_events needs at least one event")
     run = alone.read_one(_HEAD, {"run_id": run_id})
     if run is None:
         raise NotFound(f"run {run_id} does not exist")
+    if (replay := replayed_append(run, key, len(events))) is not None:
+        return replay
     now = run.now.astimezone(UTC)
     check_lease(run, executor_instance_id, now)
     status, pending = _checked(run.status, events)
@@ -585,6 +629,8 @@ def _append_alone(alone: AutocommitWrites, run_id: str, events: list[tuple[str, 
     rows = _chained(run_id, run, pending, now)
     values.update(_events_in_advance(rows, now))
     values.update(status=status, last_event_seq=rows[-1][1], last_event_hash=rows[-1][5])
+    if key is not None:
+        values.update(key.columns(rows[0][1]))
     advance = _advance_statement(_EVENTS_ONE if len(rows) == 1 else _EVENTS_MANY, False, False)
     try:
         updated = alone.write(advance, {"run_id_": run_id, "status_": run.status,

@@ -265,6 +265,37 @@ def test_executor_client_drives_the_executor_routes(server, alice):
     assert alice.provenance(run["final_message_id"])["message"]["content"] == "by hand"
 
 
+def test_an_append_whose_answer_was_lost_is_sent_again_and_written_once(server, alice):
+    """Appends carry an ``Idempotency-Key``: the server took the first send of each (the proxy
+    swallowed its answer), and the retry is answered with the seqs it wrote."""
+    session = alice.create_session("echo")
+    run_id = alice.send_message(session["id"], "lost answers")["run_id"]
+    instance = unique("lost")
+    token = server["tokens"]["executor"]
+    with ExecutorClient(server["url"], token, instance) as ex:
+        claimed: list[dict] = []
+        wait_until(lambda: claimed.extend(ex.claim(max_runs=100)) or
+                   any(r["run_id"] == run_id for r in claimed), timeout=10)
+        for other in claimed:
+            if other["run_id"] != run_id:
+                ex.append(other["run_id"], [("run.completed", {})])
+    answers = []
+    with FaultProxy(server["port"], {1: ("drop_answer",), 3: ("drop_answer",)}) as proxy:
+        # a client each, so that each append opens a connection of its own
+        for batch in ([("message.delta", {"text": "once "})],
+                      [("message.delta", {"text": "only"}), ("run.completed", {})]):
+            with ExecutorClient(proxy.base_url, token, instance, retry=FAST_RETRY) as flaky:
+                answers.append(flaky.append(run_id, batch))
+        assert proxy.faulted == [1, 3] and proxy.connections == 4
+    assert [a["seqs"] for a in answers] == [[3], [4, 5]]
+    events = alice.events(run_id, limit=500)["events"]
+    assert [e["type"] for e in events] == ["run.queued", "run.started", "message.delta",
+                                           "message.delta", "run.completed"]
+    run = alice.get_run(run_id)
+    assert run["status"] == "succeeded"
+    assert alice.provenance(run["final_message_id"])["message"]["content"] == "once only"
+
+
 # Ids that would name another route, or none, if they went into a path as they are.
 HOSTILE_IDS = ("run/../../sessions", "x/tree", "..", ".", "%2E%2E", "x?limit=1", "x#frag",
                "x%2Ftree", "", "sp ace", "é")

@@ -6,19 +6,21 @@ face of exactly that code path.
 
 from __future__ import annotations
 
+import hashlib
 import time
 
-from flask import jsonify
+from flask import jsonify, request
 
 from agentledger.api import api
+from agentledger.api.idempotency import KEY_RULE, idempotency_key
 from agentledger.api.request_scope import state
 from agentledger.api.requests import AppendEventsBody, ClaimBody, CreateChildBody, HeartbeatBody
 from agentledger.api.responses import AppendEventsOut, ChildOut, ClaimOut, HeartbeatOut
 from agentledger.core.errors import IllegalTransition, ValidationFailed
 from ingest.event_types import DATA_MODELS, EXECUTOR_APPENDABLE
-from ingest.events import append_events_alone
+from ingest.events import AppendKey, append_events_alone
 from ingest.leases import claim_runs, heartbeat
-from ingest.runs import create_child_run
+from ingest.runs import create_child_run, idempotency_key_hash
 
 EXECUTORS = ("executor", "admin")
 
@@ -81,7 +83,9 @@ def executor_heartbeat(run_id: str, body: HeartbeatBody, raw_body):
 @api.route("/executor/runs/<run_id>/events", "POST",
            summary="Append events; the whole batch or nothing", roles=EXECUTORS,
            body=AppendEventsBody, responses={200: AppendEventsOut}, errors=(404, 409, 422),
-           tag="executor")
+           tag="executor",
+           headers={"Idempotency-Key": f"optional; {KEY_RULE}: the same append sent again "
+                                       "(its answer was lost) is answered, not written twice"})
 def executor_events(run_id: str, body: AppendEventsBody, raw_body):
     batch = []
     for event in body.events:
@@ -90,8 +94,12 @@ def executor_events(run_id: str, body: AppendEventsBody, raw_body):
         if event.type not in EXECUTOR_APPENDABLE:
             raise IllegalTransition(f"{event.type} is written by the ledger, not by executors")
         batch.append((event.type, event.data))
+    key = idempotency_key(required=False)
+    # The request as sent: a retry of the same call sends the same bytes.
+    append_key = None if key is None else AppendKey(
+        idempotency_key_hash(key), hashlib.sha256(request.get_data()).hexdigest())
     result = append_events_alone(state().db, run_id, batch,
-                                 executor_instance_id=body.executor_instance_id)
+                                 executor_instance_id=body.executor_instance_id, key=append_key)
     return jsonify({"seqs": result.seqs, "cancel_requested": result.cancel_requested})
 
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 from flask import jsonify, request
 
 from agentledger.api import api
+from agentledger.api.idempotency import KEY_RULE, idempotency_key
 from agentledger.api.operations import READERS, WRITERS
 from agentledger.api.request_scope import actor, owner_scope, principal, read_one, state
 from agentledger.api.requests import CreateSessionBody, ListQuery, PatchSessionBody, PostMessageBody
 from agentledger.api.responses import MessageList, PostMessageOut, SessionList, SessionOut
-from agentledger.core.errors import IdempotencyKeyRequired, NotFound
+from agentledger.core.errors import NotFound
 from ingest.admin_log import record
 from ingest.runs import ContextItem, post_message_alone
 from ingest.sessions import create_session, delete_session, update_session
 from queries.sessions import get_session, list_sessions, session_messages
-
-MAX_KEY_LENGTH = 255
 
 
 def _session_or_404(session_id: str, *, after_write: bool = False):
@@ -87,29 +86,14 @@ def messages_index(session_id: str, query: ListQuery):
     return jsonify(page.as_dict())
 
 
-def _idempotency_key() -> str:
-    key = request.headers.get("Idempotency-Key")
-    if key is None or key == "":
-        raise IdempotencyKeyRequired("send an Idempotency-Key header (1-255 printable characters)")
-    if not key.isascii():
-        # The WSGI server hands header bytes over as latin-1 text; a client sends a key's
-        # characters as UTF-8 (as LedgerClient does), so that is what the key is made of.
-        try:
-            key = key.encode("latin-1").decode("utf-8")
-        except UnicodeError:
-            raise IdempotencyKeyRequired("the Idempotency-Key must be UTF-8 text") from None
-    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
-        raise IdempotencyKeyRequired("the Idempotency-Key must be 1-255 printable characters")
-    return key
-
-
 @api.route("/sessions/<session_id>/messages", "POST",
            summary="Send a message: creates exactly one run per Idempotency-Key",
            roles=WRITERS, body=PostMessageBody, responses={202: PostMessageOut},
            errors=(404, 409, 422, 429), tag="sessions",
-           headers={"Idempotency-Key": "required; 1-255 printable characters"})
+           headers={"Idempotency-Key": f"required; {KEY_RULE}"})
 def messages_post(session_id: str, body: PostMessageBody, raw_body):
-    key = _idempotency_key()
+    key = idempotency_key(required=True)
+    assert key is not None
     context = [ContextItem(c.id, c.title, c.content, c.version) for c in body.context or []]
     posted = post_message_alone(
         state().db,

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from agentledger.client.errors import ApiError
+from agentledger.client.ledger import checked_idempotency_key, new_idempotency_key
 from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport, segment
 
 log = logging.getLogger("agentledger.client")
@@ -35,9 +36,10 @@ MEMORY_OPERATIONS = {
 class ExecutorClient:
     """``ExecutorClient(base_url, token, instance_id)`` with an ``executor`` token.
 
-    The executor routes carry no idempotency key, so only what repeats harmlessly is retried
-    after an unclear failure (a heartbeat, reads); a claim, an append or a child is retried only
-    when the request never reached the server (see ``agentledger.client.transport``).
+    What repeats harmlessly is retried after an unclear failure (a heartbeat, reads), and so is
+    an append, which carries an ``Idempotency-Key``: the server answers a repeat of an append it
+    already took with the seqs it wrote. A claim or a child is retried only when the request
+    never reached the server (see ``agentledger.client.transport``).
     """
 
     def __init__(self, base_url: str, token: str, instance_id: str, *,
@@ -56,8 +58,9 @@ class ExecutorClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _post(self, path: str, body: dict, retry: str, *, unsent_seconds: float = 0.0) -> Any:
-        return self._http.request("POST", path, json=body, retry=retry,
+    def _post(self, path: str, body: dict, retry: str, *, unsent_seconds: float = 0.0,
+              headers: dict[str, Any] | None = None) -> Any:
+        return self._http.request("POST", path, json=body, retry=retry, headers=headers,
                                   unsent_seconds=unsent_seconds).json()
 
     # ---- the executor routes -------------------------------------------------------------
@@ -85,15 +88,22 @@ class ExecutorClient:
                           {"executor_instance_id": self.instance_id}, SAFE)
 
     def append(self, run_id: str, events: Iterable[dict | tuple[str, dict]], *,
-               unsent_seconds: float = 0.0) -> dict:
+               unsent_seconds: float = 0.0, idempotency_key: str | None = None) -> dict:
         """Append ``[{"type", "data"}, …]`` (or ``(type, data)`` pairs), all or nothing;
-        returns ``{"seqs", "cancel_requested"}``. An append is repeated only when it certainly
-        never reached the server (it has no idempotency key): after the retry policy's
-        attempts, for ``unsent_seconds`` more (a restarting server is waited for)."""
+        returns ``{"seqs", "cancel_requested"}``.
+
+        The append carries an ``Idempotency-Key`` (a new one per call unless given), so an
+        unclear failure (the answer lost, a 5xx) is retried like a read: a repeat of an append
+        the server took is answered with the seqs it wrote. A request that certainly never
+        reached the server is also tried again for ``unsent_seconds`` after the retry
+        policy's attempts (a restarting server is waited for). The server remembers only a
+        run's latest keyed append: send a run's next append once this call has returned."""
         batch = [e if isinstance(e, dict) else {"type": e[0], "data": e[1]} for e in events]
+        key = (new_idempotency_key() if idempotency_key is None
+               else checked_idempotency_key(idempotency_key))
         return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/events",
-                          {"executor_instance_id": self.instance_id, "events": batch}, UNSENT,
-                          unsent_seconds=unsent_seconds)
+                          {"executor_instance_id": self.instance_id, "events": batch}, SAFE,
+                          unsent_seconds=unsent_seconds, headers={"Idempotency-Key": key.encode()})
 
     def create_child(self, run_id: str, agent_id: str, input: str) -> dict:
         """Delegate: a child run of ``run_id``; returns ``{"run_id", "events_url"}``."""

@@ -226,6 +226,13 @@ class AgentRun(Base):
     usage_input_tokens: Mapped[int | None] = mapped_column(BigInteger)
     usage_output_tokens: Mapped[int | None] = mapped_column(BigInteger)
     usage_cost_usd: Mapped[float | None] = mapped_column(Float)
+    # The executor's latest append that carried an ``Idempotency-Key``: the key's hash, the
+    # request's checksum and the first seq it wrote. The same append sent again (its answer was
+    # lost) is answered from these instead of being written twice. NULL until a keyed append.
+    # Not part of the API's run.
+    last_append_key_hash: Mapped[str | None] = mapped_column(String(64))
+    last_append_checksum: Mapped[str | None] = mapped_column(String(64))
+    last_append_first_seq: Mapped[int | None] = mapped_column(Integer)
 
 
 class Message(Base):

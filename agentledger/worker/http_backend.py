@@ -156,7 +156,8 @@ class HttpBackend:
     def append(self, run_id: str, events: list[tuple[str, dict]]) -> AppendResult:
         # A write that certainly never arrived is repeated while the lease may hold: a server
         # restarting, or refusing connections for a while, does not drop the run to end at its
-        # lease's expiry with what it said so far lost.
+        # lease's expiry with what it said so far lost. One whose answer was lost is repeated
+        # too: it carries an Idempotency-Key, and the server answers a repeat of what it wrote.
         with _as_ledger_errors():
             done = self.client.append(run_id, events, unsent_seconds=self.lease_seconds)
         ending = TERMINAL_STATUS.get(events[-1][0]) if events else None

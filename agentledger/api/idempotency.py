@@ -1,0 +1,30 @@
+"""The ``Idempotency-Key`` header, read the same way wherever a route takes one: a message post
+(where it is required) and an executor's append (where it is optional)."""
+
+from __future__ import annotations
+
+from flask import request
+
+from agentledger.core.errors import IdempotencyKeyRequired
+
+MAX_KEY_LENGTH = 255
+KEY_RULE = "1-255 printable characters"
+
+
+def idempotency_key(*, required: bool) -> str | None:
+    """The request's key as text; None when it sent none and none is required."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None or key == "":
+        if not required:
+            return None
+        raise IdempotencyKeyRequired(f"send an Idempotency-Key header ({KEY_RULE})")
+    if not key.isascii():
+        # The WSGI server hands header bytes over as latin-1 text; a client sends a key's
+        # characters as UTF-8 (as the Python clients do), so that is what the key is made of.
+        try:
+            key = key.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise IdempotencyKeyRequired("the Idempotency-Key must be UTF-8 text") from None
+    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise IdempotencyKeyRequired(f"the Idempotency-Key must be {KEY_RULE}")
+    return key
