@@ -45,7 +45,7 @@ from agentledger.core.schema import (
     UTCDateTime,
 )
 from agentledger.core.vocabulary import ACTIVE
-from ingest.events import append_events, check_lease, lock_run
+from ingest.events import AppendKey, append_events, check_lease, lock_run, replayed_append
 from ingest.rate_limits import take_run_slot
 from ingest.sessions import create_thread
 from queries.visibility import session_visible_to
@@ -500,15 +500,22 @@ def create_child_run(
     agent_id: str,
     input: str,
     executor_instance_id: str | None = None,
+    key: AppendKey | None = None,
 ) -> str:
     """Delegation: a child run with its own thread, no session, and the parent's context pack.
 
     The parent must be running (and, for an executor, leased by it); ``run.child_created`` is
-    appended to the parent in the same transaction.
+    appended to the parent in the same transaction. ``key``: the executor's
+    ``Idempotency-Key`` for this request: the same request sent again answers the child it
+    created (its ``run.child_created`` is the parent's append under that key).
     """
     redactor = redactor_of(session)
     input = redactor.text(input)
     parent = lock_run(session, parent_run_id)
+    if (replay := replayed_append(parent, key, 1)) is not None:
+        created = session.execute(select(RunEvent.data).where(
+            RunEvent.run_id == parent_run_id, RunEvent.seq == replay.seqs[0])).scalar_one()
+        return created["child_run_id"]
     now = dialect.now(session, read=parent.now)
     if executor_instance_id is not None:
         check_lease(parent, executor_instance_id, now)
@@ -555,6 +562,7 @@ def create_child_run(
         parent_run_id,
         [("run.child_created", {"child_run_id": run_id, "agent_id": agent_id})],
         now=now,
+        key=key,
     )
     dialect.notify(session, dialect.QUEUE_CHANNEL, run_id)
     return run_id

@@ -265,9 +265,9 @@ def test_executor_client_drives_the_executor_routes(server, alice):
     assert alice.provenance(run["final_message_id"])["message"]["content"] == "by hand"
 
 
-def test_an_append_whose_answer_was_lost_is_sent_again_and_written_once(server, alice):
-    """Appends carry an ``Idempotency-Key``: the server took the first send of each (the proxy
-    swallowed its answer), and the retry is answered with the seqs it wrote."""
+def test_an_append_or_child_whose_answer_was_lost_is_sent_again_and_written_once(server, alice):
+    """Appends and children carry an ``Idempotency-Key``: the server took the first send of
+    each (the proxy swallowed its answer), and the retry is answered with what it wrote."""
     session = alice.create_session("echo")
     run_id = alice.send_message(session["id"], "lost answers")["run_id"]
     instance = unique("lost")
@@ -280,17 +280,25 @@ def test_an_append_whose_answer_was_lost_is_sent_again_and_written_once(server, 
             if other["run_id"] != run_id:
                 ex.append(other["run_id"], [("run.completed", {})])
     answers = []
-    with FaultProxy(server["port"], {1: ("drop_answer",), 3: ("drop_answer",)}) as proxy:
-        # a client each, so that each append opens a connection of its own
-        for batch in ([("message.delta", {"text": "once "})],
-                      [("message.delta", {"text": "only"}), ("run.completed", {})]):
-            with ExecutorClient(proxy.base_url, token, instance, retry=FAST_RETRY) as flaky:
-                answers.append(flaky.append(run_id, batch))
-        assert proxy.faulted == [1, 3] and proxy.connections == 4
-    assert [a["seqs"] for a in answers] == [[3], [4, 5]]
+    lost = {1: ("drop_answer",), 3: ("drop_answer",), 5: ("drop_answer",)}
+    with FaultProxy(server["port"], lost) as proxy:
+        # a client each, so that each request opens a connection of its own
+        with ExecutorClient(proxy.base_url, token, instance, retry=FAST_RETRY) as flaky:
+            answers.append(flaky.append(run_id, [("message.delta", {"text": "once "})]))
+        with ExecutorClient(proxy.base_url, token, instance, retry=FAST_RETRY) as flaky:
+            child = flaky.create_child(run_id, "echo", "a sub-question")
+        with ExecutorClient(proxy.base_url, token, instance, retry=FAST_RETRY) as flaky:
+            answers.append(flaky.append(run_id, [("message.delta", {"text": "only"}),
+                                                 ("run.completed", {})]))
+        assert proxy.faulted == [1, 3, 5] and proxy.connections == 6
+    assert [a["seqs"] for a in answers] == [[3], [5, 6]]
     events = alice.events(run_id, limit=500)["events"]
     assert [e["type"] for e in events] == ["run.queued", "run.started", "message.delta",
-                                           "message.delta", "run.completed"]
+                                           "run.child_created", "message.delta",
+                                           "run.completed"]
+    assert events[3]["data"]["child_run_id"] == child["run_id"]
+    assert [n["run_id"] for n in alice.tree(run_id)["nodes"]] == [run_id, child["run_id"]]
+    alice.cancel(child["run_id"])
     run = alice.get_run(run_id)
     assert run["status"] == "succeeded"
     assert alice.provenance(run["final_message_id"])["message"]["content"] == "once only"

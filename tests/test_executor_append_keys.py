@@ -155,3 +155,31 @@ def test_the_same_append_sent_at_once_from_many_threads_is_written_once(api, run
     assert [a.status for a in answers] == [200] * 8
     assert {tuple(a.json()["seqs"]) for a in answers} == {(3, 4)}
     assert [e["seq"] for e in _events(api, run)] == [1, 2, 3, 4]
+
+
+def _child(api, run: str, instance: str, key: str | None, agent: str = "echo", text: str = "sub"):
+    body = json.dumps({"executor_instance_id": instance, "agent_id": agent,
+                       "input": text}).encode()
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return api.request("POST", f"/api/executor/runs/{run}/children", token=api.executor,
+                       data=body, headers=headers)
+
+
+def test_a_child_request_sent_again_with_its_key_answers_the_child_it_created(api, running):
+    run, instance = running
+    first = _child(api, run, instance, "c-1")
+    assert first.status == 201
+    before = ledger_state(api.db, run)
+    again = _child(api, run, instance, "c-1")
+    assert again.status == 201 and again.json() == first.json()
+    assert ledger_state(api.db, run) == before
+    tree = api.get(f"/api/agent-runs/{run}/tree", api.alice).json()
+    assert [n["run_id"] for n in tree["nodes"] if n["parent_run_id"] == run] == [
+        first.json()["run_id"]]
+    assert_error(_child(api, run, instance, "c-1", text="another question"), 409,
+                 "idempotency_conflict")
+    assert ledger_state(api.db, run) == before
+    # a new key (or none) is a new child
+    second = _child(api, run, instance, "c-2")
+    third = _child(api, run, instance, None)
+    assert len({first.json()["run_id"], second.json()["run_id"], third.json()["run_id"]}) == 3

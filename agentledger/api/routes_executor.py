@@ -80,12 +80,21 @@ def executor_heartbeat(run_id: str, body: HeartbeatBody, raw_body):
                     "cancel_requested": beat.cancel_requested})
 
 
+def _append_key() -> AppendKey | None:
+    """The request's ``Idempotency-Key`` with the checksum of the request as sent (a retry of
+    the same call sends the same bytes); None without a key."""
+    key = idempotency_key(required=False)
+    if key is None:
+        return None
+    return AppendKey(idempotency_key_hash(key), hashlib.sha256(request.get_data()).hexdigest())
+
+
 @api.route("/executor/runs/<run_id>/events", "POST",
            summary="Append events; the whole batch or nothing", roles=EXECUTORS,
            body=AppendEventsBody, responses={200: AppendEventsOut}, errors=(404, 409, 422),
            tag="executor",
            headers={"Idempotency-Key": f"optional; {KEY_RULE}: the same append sent again "
-                                       "(its answer was lost) is answered, not written twice"})
+                                       "(its answer lost) is answered, not written twice"})
 def executor_events(run_id: str, body: AppendEventsBody, raw_body):
     batch = []
     for event in body.events:
@@ -94,20 +103,20 @@ def executor_events(run_id: str, body: AppendEventsBody, raw_body):
         if event.type not in EXECUTOR_APPENDABLE:
             raise IllegalTransition(f"{event.type} is written by the ledger, not by executors")
         batch.append((event.type, event.data))
-    key = idempotency_key(required=False)
-    # The request as sent: a retry of the same call sends the same bytes.
-    append_key = None if key is None else AppendKey(
-        idempotency_key_hash(key), hashlib.sha256(request.get_data()).hexdigest())
     result = append_events_alone(state().db, run_id, batch,
-                                 executor_instance_id=body.executor_instance_id, key=append_key)
+                                 executor_instance_id=body.executor_instance_id,
+                                 key=_append_key())
     return jsonify({"seqs": result.seqs, "cancel_requested": result.cancel_requested})
 
 
 @api.route("/executor/runs/<run_id>/children", "POST", summary="Delegate: create a child run",
            roles=EXECUTORS, body=CreateChildBody, responses={201: ChildOut},
-           errors=(404, 409, 422), tag="executor")
+           errors=(404, 409, 422), tag="executor",
+           headers={"Idempotency-Key": f"optional; {KEY_RULE}: the same request sent again "
+                                       "(its answer lost) answers the child it created"})
 def executor_children(run_id: str, body: CreateChildBody, raw_body):
+    key = _append_key()
     with state().db.write() as s:
         child_id = create_child_run(s, run_id, agent_id=body.agent_id, input=body.input,
-                                    executor_instance_id=body.executor_instance_id)
+                                    executor_instance_id=body.executor_instance_id, key=key)
     return jsonify({"run_id": child_id, "events_url": f"/api/agent-runs/{child_id}/events"}), 201

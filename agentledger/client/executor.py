@@ -36,10 +36,10 @@ MEMORY_OPERATIONS = {
 class ExecutorClient:
     """``ExecutorClient(base_url, token, instance_id)`` with an ``executor`` token.
 
-    What repeats harmlessly is retried after an unclear failure (a heartbeat, reads), and so is
-    an append, which carries an ``Idempotency-Key``: the server answers a repeat of an append it
-    already took with the seqs it wrote. A claim or a child is retried only when the request
-    never reached the server (see ``agentledger.client.transport``).
+    What repeats harmlessly is retried after an unclear failure (a heartbeat, reads), and so are
+    an append and a child, which carry an ``Idempotency-Key``: the server answers a repeat of
+    one it already took with what it wrote. A claim is retried only when the request never
+    reached the server (see ``agentledger.client.transport``).
     """
 
     def __init__(self, base_url: str, token: str, instance_id: str, *,
@@ -105,11 +105,15 @@ class ExecutorClient:
                           {"executor_instance_id": self.instance_id, "events": batch}, SAFE,
                           unsent_seconds=unsent_seconds, headers={"Idempotency-Key": key.encode()})
 
-    def create_child(self, run_id: str, agent_id: str, input: str) -> dict:
-        """Delegate: a child run of ``run_id``; returns ``{"run_id", "events_url"}``."""
+    def create_child(self, run_id: str, agent_id: str, input: str, *,
+                     idempotency_key: str | None = None) -> dict:
+        """Delegate: a child run of ``run_id``; returns ``{"run_id", "events_url"}``. Keyed
+        and retried as ``append`` is: a repeat answers the child the first send created."""
+        key = (new_idempotency_key() if idempotency_key is None
+               else checked_idempotency_key(idempotency_key))
         return self._post(f"/api/executor/runs/{segment(run_id, 'run')}/children",
                           {"executor_instance_id": self.instance_id, "agent_id": agent_id,
-                           "input": input}, UNSENT)
+                           "input": input}, SAFE, headers={"Idempotency-Key": key.encode()})
 
     # ---- the run's framework memory (LangGraph checkpoints, Agents SDK session) ------------
 
