@@ -12,24 +12,14 @@ from ingest.events import append_events, lock_run_and_parent
 from queries.visibility import may_see
 
 
-def _subtree_top_down(session: Session, run_id: str, root_run_id: str) -> list[str]:
-    """The run's descendants, parents before children (the lock order every writer keeps)."""
-    rows = session.execute(
-        select(AgentRun.id, AgentRun.parent_run_id).where(AgentRun.root_run_id == root_run_id)
-    ).all()
-    children: dict[str, list[str]] = {}
-    for row in rows:
-        if row.parent_run_id:
-            children.setdefault(row.parent_run_id, []).append(row.id)
-    ordered, frontier = [], [run_id]
-    while frontier:
-        nxt = []
-        for node in frontier:
-            for child in sorted(children.get(node, [])):
-                ordered.append(child)
-                nxt.append(child)
-        frontier = nxt
-    return ordered
+def _children(session: Session, parents: list[str]) -> list[str]:
+    """The runs whose parent is one of ``parents``, in id order (the order every cancel locks
+    siblings in). Read once ``parents`` are locked and cancelling: a child created under one of
+    them either committed before that lock (and is read here) or waited for it and then found
+    its parent cancelling (and was refused), so none escapes the cascade."""
+    return list(session.execute(
+        select(AgentRun.id).where(AgentRun.parent_run_id.in_(parents)).order_by(AgentRun.id)
+    ).scalars())
 
 
 def _cancel_one(session: Session, run_id: str, requested_by: str) -> tuple[str, str]:
@@ -69,6 +59,10 @@ def request_cancel(
     locked, status = _cancel_one(session, run_id, requested_by)
     if locked in TERMINAL:
         raise RunTerminal(f"run {run_id} has already ended ({locked})")
-    for descendant in _subtree_top_down(session, run_id, root_run_id):
-        _cancel_one(session, descendant, requested_by)
+    # Top-down, a level at a time (ancestors are locked before descendants, as by every
+    # writer), each level read only after the one above it is locked.
+    level = [run_id]
+    while level := _children(session, level):
+        for descendant in level:
+            _cancel_one(session, descendant, requested_by)
     return status

@@ -1,6 +1,6 @@
 """Appending events: the one guarded function that moves runs through the state machine.
 
-Each call locks the run row (PostgreSQL ``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already
+Each call locks the run row (PostgreSQL ``FOR NO KEY UPDATE``; SQLite's ``BEGIN IMMEDIATE`` already
 holds the write lock), checks every event of the batch against ``state_machine.next_status``,
 and only then writes: the events with gapless seqs and chained hashes, and one compare-and-set
 ``UPDATE agent_run … WHERE status = :current AND last_event_seq = :seq``. A refused batch writes

@@ -137,6 +137,32 @@ def first_in_line_query(max_runs):
 
 _CLAIM_STATEMENTS: dict[str, Any] = {}
 
+# PostgreSQL: of the parents of child runs a claim chose, those that have not ended, share-
+# locked until the claim commits. The choice read each parent's status in the claim
+# statement's snapshot, and a parent's ending does not lock its children: without this lock a
+# child could be started after its parent had ended (the ending committing between the choice
+# and the claim's commit). A parent being ended holds its row until it commits; the share lock
+# conflicts with that, and the status is read again on the row's latest version. SKIP LOCKED,
+# not a wait: the claim already holds the children, and a cancel locks a parent before its
+# children, so waiting here could deadlock with it. A child whose parent is locked at this
+# instant (its end, its cancel, a heartbeat) stays queued for a later claim.
+_PARENTS_NOT_ENDED = (
+    select(AgentRun.id)
+    .where(AgentRun.id.in_(bindparam("parent_ids", expanding=True)),
+           AgentRun.status.not_in(TERMINAL))
+    .with_for_update(read=True, skip_locked=True)
+)
+
+
+def _children_of_live_parents(session: Session, chosen: list) -> list:
+    """``chosen`` (the claim's locked rows) less the child runs whose parent has ended or is
+    locked now (``_PARENTS_NOT_ENDED``)."""
+    parents = sorted({row.parent_run_id for row in chosen if row.parent_run_id})
+    if not parents or dialect.name(session) != "postgresql":
+        return chosen
+    live = set(session.execute(_PARENTS_NOT_ENDED, {"parent_ids": parents}).scalars())
+    return [row for row in chosen if row.parent_run_id is None or row.parent_run_id in live]
+
 # What a claim reads of each run it locks: what an append checks under the run's lock (so
 # ``run.started`` needs no second lock statement) and what the executor needs to run it.
 _CLAIMED_COLUMNS = (*LOCKED_RUN_COLUMNS, AgentRun.root_run_id, AgentRun.input,
@@ -167,7 +193,7 @@ def claim_runs(
     ``with_history=False`` leaves the thread's turns out (``history`` None): an executor that
     reads them only if its agent asks (``queries.thread_history``) saves that read per claim.
 
-    On PostgreSQL concurrent claimers skip each other's locked rows (``FOR UPDATE SKIP LOCKED``);
+    On PostgreSQL concurrent claimers skip each other's locked rows (``FOR NO KEY UPDATE SKIP LOCKED``);
     on SQLite the ``BEGIN IMMEDIATE`` write lock makes claims one at a time.
     """
     _check_lease_seconds(lease_seconds)
@@ -177,7 +203,8 @@ def claim_runs(
     # every executor's claim loop runs it, a third of them finding nothing when two workers
     # wake for one queued run, and SQLAlchemy's execution of this statement cost more than the
     # rest of an empty claim.
-    chosen = read_all(session, _claim_statement(session), {"max_runs": max_runs})
+    chosen = _children_of_live_parents(
+        session, read_all(session, _claim_statement(session), {"max_runs": max_runs}))
     if not chosen:
         return []
     # After the claimable rows were chosen: a run's start is never stamped before the end of
@@ -203,7 +230,7 @@ def claim_run(
             .where(AgentRun.id == run_id), session, skip_locked=True
         )
     ).one_or_none()
-    if found is None:
+    if found is None or not _children_of_live_parents(session, [found]):
         raise IllegalTransition(f"run {run_id} is not claimable now")
     now = dialect.now(session)
     return _start(session, found, executor_instance_id, now, lease_seconds)

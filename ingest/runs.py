@@ -319,8 +319,6 @@ def post_message(
     if replayed is not None:
         return replayed
     now = dialect.now(session, read=chat.now)
-    # The run belongs to the conversation's owner (see _new_run).
-    take_run_slot(session, chat.owner_id, rate_limit_per_minute, now=now)
     pack, blobs = context_pack(context or [])
     new = _new_run(chat, session_id=session_id, agent_id=agent_id, content=content, pack=pack,
                    key_hash=key_hash, checksum=checksum, redaction_count=redactor.count, now=now)
@@ -336,6 +334,12 @@ def post_message(
         if earlier is None:  # pragma: no cover - the conflicting row is committed and visible
             raise IdempotencyConflict("a concurrent request with this key did not complete")
         return earlier
+    # Counted once the run is in: a concurrent duplicate of this request (which inserted
+    # nothing above and answers as a replay) takes no slot, and past the limit the refusal
+    # rolls the run back with the count. The owner's counter row is locked last, for the
+    # shortest time, by every post.
+    # The run belongs to the conversation's owner (see _new_run).
+    take_run_slot(session, chat.owner_id, rate_limit_per_minute, now=now)
 
     if postgres:
         dialect.notified(session, dialect.QUEUE_CHANNEL, new.run_id)

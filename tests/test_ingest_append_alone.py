@@ -26,6 +26,8 @@ from ingest.cancel import request_cancel
 from ingest.events import append_events, append_events_alone
 
 DELTA = ("message.delta", {"text": "mine"})
+# The row lock every locked path takes on PostgreSQL (agentledger.core.dialect.for_update).
+ROW_LOCK = "FOR NO KEY UPDATE"
 
 
 def _running_run(db) -> str:
@@ -77,7 +79,7 @@ def test_an_append_alone_is_its_head_read_and_one_unlocked_statement_on_postgres
     assert result.seqs == [3] and result.status == "running" and not result.cancel_requested
     assert len(sent) == 2, sent
     head, advance = sent
-    assert head.lstrip().startswith("SELECT") and "FOR UPDATE" not in head
+    assert head.lstrip().startswith("SELECT") and ROW_LOCK not in head
     assert "UPDATE agent_run" in advance and "INSERT INTO run_event" in advance
     assert [e.data for e in events(pg_db, run_id)][-1] == {"text": "mine"}
     assert_chains_ok(pg_db, run_id)
@@ -126,7 +128,7 @@ def test_an_append_alone_that_keeps_losing_takes_the_row_lock_on_postgres(pg_db)
         result = append_events_alone(pg_db, run_id, [DELTA], executor_instance_id="worker-1")
     stored = events(pg_db, run_id)
     # Three optimistic attempts lost, each to one competing delta; then the row lock.
-    assert any("FOR UPDATE" in q for q in sent)
+    assert any(ROW_LOCK in q for q in sent)
     assert [e.data["text"] for e in stored if e.type == "message.delta"] == ["theirs"] * 3 + ["mine"]
     assert [e.data["text"] for e in stored if e.type == "message.delta"].count("mine") == 1
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
@@ -191,5 +193,5 @@ def test_an_ending_appended_alone_goes_through_the_row_lock_and_ends_the_run(db)
                                      executor_instance_id="worker-1")
     assert result.status == "succeeded" and result.final_message_id
     if db.is_postgres:
-        assert any("FOR UPDATE" in q for q in sent)
+        assert any(ROW_LOCK in q for q in sent)
     assert_run_invariants(db, run_id)

@@ -102,9 +102,17 @@ def now(session: Session, *, read: datetime | None = None) -> datetime:
 
 
 def for_update(stmt: Select, session: Session, *, skip_locked: bool = False) -> Select:
-    """Row locks on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already serialises writers."""
+    """Row locks on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already serialises writers.
+
+    The lock is ``FOR NO KEY UPDATE`` (what an ``UPDATE`` that leaves the key alone takes), not
+    ``FOR UPDATE``: no writer changes a row's key, and ``FOR UPDATE`` would also block the
+    ``KEY SHARE`` lock a foreign-key check takes on the row a written row points at. A
+    transaction that updates a child run twice checks its ``parent_run_id`` again on the second
+    update (the row version is its own) and so asks for ``KEY SHARE`` on the parent, holding
+    the child: under ``FOR UPDATE`` a cancel that held the parent and waited for the child was a
+    deadlock."""
     if name(session) == "postgresql":
-        return stmt.with_for_update(skip_locked=skip_locked)
+        return stmt.with_for_update(key_share=True, skip_locked=skip_locked)
     return stmt
 
 
@@ -113,15 +121,17 @@ def locked_with_clock(stmt: Select, dialect_name: str, *, skip_locked: bool = Fa
     """``stmt``'s rows, locked, with a ``now`` column to pass to ``now(read=…)``: one round
     trip for the locks and the clock an operation stamps its writes with.
 
-    On PostgreSQL ``stmt`` becomes a ``MATERIALIZED`` CTE with ``FOR UPDATE`` and the outer
-    select reads ``clock_timestamp()`` only once the CTE has returned a locked row, so the
-    time is read after any wait for the lock, as ``now`` requires. ``order_by`` names columns
+    On PostgreSQL ``stmt`` becomes a ``MATERIALIZED`` CTE with ``FOR NO KEY UPDATE`` (see
+    ``for_update``) and the outer select reads ``clock_timestamp()`` only once the CTE has
+    returned a locked row, so the time is read after any wait for the lock, as ``now``
+    requires. ``order_by`` names columns
     of ``stmt`` to order the outer select by (a CTE's order is not kept). On SQLite, whose
     write lock is already held and whose clock is this process's, ``now`` is NULL.
     """
     if dialect_name != "postgresql":
         return stmt.add_columns(null().label("now"))
-    locked = stmt.with_for_update(skip_locked=skip_locked).cte("locked").prefix_with("MATERIALIZED")
+    locked = (stmt.with_for_update(key_share=True, skip_locked=skip_locked)
+              .cte("locked").prefix_with("MATERIALIZED"))
     return (select(*locked.c, type_coerce(clock_column(dialect_name), UTCDateTime).label("now"))
             .order_by(*(locked.c[c] for c in order_by)))
 
