@@ -20,9 +20,44 @@ from agentledger.process_tuning import tune_for_long_running_process
 from agentledger.worker.executor import Executor
 from agentledger.worker.reconciler_loop import ReconcilerThread
 
+log = logging.getLogger("agentledger.worker")
+
 
 def default_instance_id() -> str:
     return f"worker-{socket.gethostname()}-{os.getpid()}"
+
+
+# How long a stopped worker's exit waits for agent code still running in threads that Python's
+# exit joins, before the process ends without them.
+EXIT_GRACE_SECONDS = 5.0
+
+
+def exit_past_stuck_threads(code: int) -> int:
+    """``code``, with a watchdog that ends the process with it should Python's exit still be
+    waiting ``EXIT_GRACE_SECONDS`` from now.
+
+    Python's exit joins the threads that are not daemons and every thread of a
+    ``concurrent.futures`` pool (LangGraph runs a graph's nodes in one). Agent code a cancel or
+    the stop could not interrupt (a model call that hangs) keeps such a thread alive: the
+    executor fenced it (nothing it does is written) and the worker's runs are recorded or left
+    to the reconciler, but the process would outlive its stop by as long as the call hangs, and
+    a supervisor would have to kill it. The watchdog is a daemon thread: an exit that is not
+    held up ends the process, the watchdog with it."""
+
+    def give_up() -> None:
+        busy = [t.name for t in threading.enumerate()
+                if t is not threading.main_thread() and t is not threading.current_thread()]
+        log.warning("exiting without waiting for agent code still running after %.0f s "
+                    "(threads: %s)", EXIT_GRACE_SECONDS, ", ".join(busy[:8]))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    watchdog = threading.Timer(EXIT_GRACE_SECONDS, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    return code
 
 
 def run_worker_process(settings: Settings, *, instance_id: str | None, concurrency: int,
@@ -64,7 +99,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
         print(f"worker {executor.instance_id} stopped; {len(ended)} run(s) interrupted "
               "(executor_shutdown)", flush=True)
         db.dispose()
-    return 0
+    return exit_past_stuck_threads(0)
 
 
 def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurrency: int,
@@ -88,4 +123,4 @@ def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurren
                   f"{exc.message}); --token must be a valid token of role executor",
                   file=sys.stderr, flush=True)
             return 2
-    return 0
+    return exit_past_stuck_threads(0)
