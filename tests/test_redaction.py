@@ -92,10 +92,36 @@ def test_only_the_named_detectors_apply_and_json_is_redacted_recursively():
     assert parse_rules("") == () and parse_rules(" , ") == ()
 
 
+@pytest.mark.parametrize(("raw", "patterns", "kinds"), [
+    ("re:a{1,2}", ["a{1,2}"], []),
+    ("re:[0-9]{3,},email", ["[0-9]{3,}"], ["email"]),
+    ("email, re:x{2,3} ,phone,re:Smith, John,card", ["x{2,3}", "Smith, John"],
+     ["email", "card", "phone"]),
+    ("re:a{1,2},re:b{3,},secret", ["a{1,2}", "b{3,}"], ["secret"]),
+    ("re:x,", ["x"], []), ("re:x, ,email", ["x"], ["email"]),
+    ("re:Dear[,]email", ["Dear[,]email"], []), ("re:,x", [",x"], []),
+])
+def test_a_comma_that_does_not_start_a_detector_stays_in_its_pattern(raw, patterns, kinds):
+    rules = parse_rules(raw)
+    assert [r.pattern.pattern for r in rules if r.kind == "re"] == patterns
+    assert sorted(r.kind for r in rules if r.kind != "re") == sorted(kinds)
+
+
+def test_a_pattern_with_a_comma_redacts_what_it_says():
+    assert _redact("ids 12345 and 12, mail jane@example.com", "re:[0-9]{3,},email") == (
+        "ids [REDACTED:re] and 12, mail [REDACTED:email]")
+    assert _redact("aa a b", "re:a{2,2}") == "[REDACTED:re] a b"
+
+
 @pytest.mark.parametrize(("raw", "says"), [
     ("emails", "unknown detector 'emails'"), ("email,ssn", "unknown detector 'ssn'"),
     ("re:", "re: needs a pattern"), ("re:(", "not a valid regular expression"),
-    ("re:x*", "matches the empty string"),
+    ("re:x*", "matches the empty string"), ("re:,email", "re: needs a pattern"),
+    ("re:a,,b", "unknown detector 'b'"),
+    ("re:a{1,2},emial", "'emial' after the pattern 're:a{1,2}' looks like the detector 'email'"),
+    ("re:a,Phone", "looks like the detector 'phone'"),
+    ("re:a,RE:b", "looks like a second pattern"),
+    (r"re:[0-9]{3\x2c}", "writes the comma of a {m,n} quantifier as \\x2c"),
 ])
 def test_an_invalid_setting_is_refused_at_start_with_a_clear_message(monkeypatch, raw, says):
     monkeypatch.setenv("AGENTLEDGER_REDACT", raw)

@@ -2,7 +2,7 @@
 replaces their matches with ``[REDACTED:<kind>]``.
 
 ``AGENTLEDGER_REDACT`` names the detectors (``email``, ``phone``, ``card``, ``secret``,
-``re:<pattern>``; comma-separated). ``ingest`` applies the redactor of its session
+``re:<pattern>``; comma-separated, a pattern keeping its own commas: ``_entries``). ``ingest`` applies the redactor of its session
 (``redactor_of``) to every text it is about to store or hash, so nothing unredacted is written
 and every chain hashes what is stored. ``docs/redaction.md`` says what each detector catches and
 misses.
@@ -10,6 +10,7 @@ misses.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from collections.abc import Callable
@@ -85,8 +86,45 @@ _BUILT_IN = {
 }
 
 
+# ``{3\x2c}``: a quantifier's comma written as an escape (an old workaround for commas in
+# patterns), which the ``re`` module reads as the literal text ``{3,}``, not as a repetition.
+_ESCAPED_QUANTIFIER_COMMA = re.compile(r"(?<!\\)\{\d*\\x2c\d*\}")
+
+
 class RedactionConfigError(ValueError):
     """An ``AGENTLEDGER_REDACT`` value that names no detector or holds a bad pattern."""
+
+
+def _entries(raw: str) -> list[str]:
+    """``raw`` cut into its entries: at each comma, except that inside a ``re:`` pattern a
+    comma followed by anything but a detector name, another ``re:`` or nothing (up to the next
+    comma, spaces ignored) belongs to the pattern, so ``re:[0-9]{3,},email`` is the pattern
+    ``[0-9]{3,}`` and the detector ``email``."""
+    entries: list[str] = []
+    for item in raw.split(","):
+        word = item.strip()
+        if entries and entries[-1].lstrip().startswith("re:") and word and (
+                word not in _BUILT_IN and not word.startswith("re:")):
+            _refuse_lookalike(word, entries[-1])
+            entries[-1] += "," + item
+        else:
+            entries.append(item)
+    return [entry.strip() for entry in entries if entry.strip()]
+
+
+def _refuse_lookalike(word: str, pattern: str) -> None:
+    """A misspelt detector or ``re:`` after a pattern would silently become part of the pattern
+    (and redact nothing of its own): a word that looks like one is refused instead."""
+    if word.lower().startswith("re:"):
+        meant = "a second pattern (write re: in lower case)"
+    elif re.fullmatch(r"[A-Za-z-]+", word) and (close := difflib.get_close_matches(
+            word.lower().replace("-", ""), KINDS, n=1, cutoff=0.75)):
+        meant = f"the detector {close[0]!r} (write it exactly so)"
+    else:
+        return
+    raise RedactionConfigError(
+        f"AGENTLEDGER_REDACT: {word!r} after the pattern {pattern.strip()!r} looks like "
+        f"{meant}; to keep it in the pattern, write the comma before it as [,]")
 
 
 def parse_rules(raw: str | None) -> tuple[Rule, ...]:
@@ -94,10 +132,7 @@ def parse_rules(raw: str | None) -> tuple[Rule, ...]:
     if raw is None or not raw.strip():
         return ()
     named, custom = set(), []
-    for part in raw.split(","):
-        word = part.strip()
-        if not word:
-            continue
+    for word in _entries(raw):
         if word.startswith("re:"):
             source = word[3:]
             if not source:
@@ -111,6 +146,10 @@ def parse_rules(raw: str | None) -> tuple[Rule, ...]:
             if pattern.search(""):
                 raise RedactionConfigError(
                     f"AGENTLEDGER_REDACT: {word!r} matches the empty string")
+            if _ESCAPED_QUANTIFIER_COMMA.search(source):
+                raise RedactionConfigError(
+                    f"AGENTLEDGER_REDACT: {word!r} writes the comma of a {{m,n}} quantifier as "
+                    "\\x2c, which makes the braces literal text; write the comma itself")
             custom.append(Rule("re", pattern))
         elif word in _BUILT_IN:
             named.add(word)
