@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from agentledger.core.config import Settings, StartupError
@@ -157,6 +158,13 @@ def cmd_serve(args, settings: Settings) -> int:
                  concurrency=args.concurrency)
 
 
+def _check_worker_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse ``--api`` without ``--token`` and the reverse before anything opens a database:
+    without ``--api`` the worker would first check (and for SQLite create) the database."""
+    if (args.api is None) != (args.token is None):
+        parser.error("--api and --token go together (an executor token for that server)")
+
+
 def cmd_worker(args, settings: Settings) -> int:
     from agentledger.worker.process import run_worker_process
 
@@ -250,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="execute runs through this ledger server's executor routes, without "
                         "database access (needs --token)")
     p.add_argument("--token", default=None, help="an executor token of the --api server")
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=cmd_worker, check=functools.partial(_check_worker_arguments, p))
 
     p = sub.add_parser("reconcile", help="interrupt runs whose lease expired or whose parent ended")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -308,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "check", None) is not None:
+        args.check(args)  # arguments that only go together; refused as the parser refuses
     settings = Settings.from_env()
     try:
         return int(args.func(args, settings) or 0)

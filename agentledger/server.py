@@ -336,11 +336,11 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
     try:
         check_can_listen(bind)
         settings.check_database()
+        _prepare_metrics_dir()
+        upgrade(settings.database_url)  # refuses a database migrated by a newer agentledger
     except StartupError as exc:
         print(f"agentledger: {exc}", file=sys.stderr, flush=True)
         return 2
-    _prepare_metrics_dir()
-    upgrade(settings.database_url)
     from agentledger.core.server_checks import maintenance_warning
 
     warning = maintenance_warning(settings.database_url)

@@ -16,19 +16,23 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from support.ledger import fresh_database
 from support.ports import free_port
 
+from agentledger import __version__
 from agentledger.cli import main
 from agentledger.core.config import StartupError
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.hashing import token_hash
-from agentledger.core.migrate import current_revision
+from agentledger.core.migrate import alembic_config, current_revision, upgrade
 from agentledger.core.schema import ApiToken
 from agentledger.server import check_can_listen
 
+HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 SUPPORTED = ("supported are sqlite (sqlite:///PATH) and postgresql+psycopg "
              "(postgresql+psycopg://USER@HOST/DB)")
 
@@ -147,6 +151,38 @@ def test_a_database_error_after_start_up_is_not_turned_into_a_sentence(db_url, m
         main(["db", "upgrade"])
 
 
+# ---- a database migrated by a newer agentledger ----------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def newer_database_url(request, tmp_path):
+    """A database at a schema revision this package has no migration for: a newer agentledger
+    migrated it, then the package was rolled back."""
+    if request.param == "postgresql":
+        request.getfixturevalue("pg_database_url")  # skips (or fails) without PostgreSQL
+    with fresh_database(request.param, tmp_path) as url:
+        upgrade(url)
+        db = Database(url)
+        try:
+            with db.engine.begin() as conn:
+                conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0999'")
+        finally:
+            db.dispose()
+        yield url
+
+
+@pytest.mark.parametrize("command", ["db upgrade", "serve", "worker"])
+def test_a_database_a_newer_agentledger_migrated_is_one_line(command, newer_database_url,
+                                                             tmp_path):
+    args = [a.format(port=free_port(), tmp=tmp_path) for a in COMMANDS[command]]
+    done = _cli(newer_database_url, *args, cwd=tmp_path)
+    shown = make_url(newer_database_url).render_as_string(hide_password=True)
+    _one_line(done, f"the database at {shown} (AGENTLEDGER_DATABASE_URL) is at schema revision "
+                    f"0999, newer than this agentledger {__version__} knows (its newest is "
+                    f"{HEAD}): upgrade agentledger to the version that migrated it")
+    assert current_revision(newer_database_url) == "0999"  # left as it was
+
+
 # ---- a database without the schema -----------------------------------------------------------
 
 
@@ -249,6 +285,10 @@ def test_a_dry_run_shows_no_progress_bar(db_url, tmp_path, monkeypatch, capsys):
     (["serve", "--port", "70000"],
      "argument --port: must be a port number from 1 to 65535, got 70000"),
     (["worker", "--concurrency", "0"], "argument --concurrency: must be at least 1, got 0"),
+    (["worker", "--token", "x"],
+     "--api and --token go together (an executor token for that server)"),
+    (["worker", "--api", "http://127.0.0.1:1"],
+     "--api and --token go together (an executor token for that server)"),
     (["archive", "--older-than-days", "-1"],
      "argument --older-than-days: must be 0 or more days, got -1"),
     (["archive", "--older-than-days", "1", "--batch-size", "0"],
