@@ -145,10 +145,27 @@ def test_who_may_scrape(db, app):
     keys = make_tokens(db, ROLES)
     http = app()
     assert http.request("GET", "/metrics").status == 401
-    assert http.request("GET", "/metrics").json()["error"]["code"] == "unauthenticated"
+    assert http.request("GET", "/metrics").json()["error"] == {
+        "code": "unauthenticated", "message": "send Authorization: Bearer <token> of a viewer or "
+        "admin, or set AGENTLEDGER_METRICS_PUBLIC=1 on the server"}
+    assert http.request("GET", "/metrics", token="al_not-a-token").json()["error"][
+        "message"] == "the token is not valid (unknown or revoked)"
     for role, status in (("user", 403), ("executor", 403), ("viewer", 200), ("admin", 200)):
         assert http.request("GET", "/metrics", token=keys[role]).status == status, role
     assert app(metrics_public=True).request("GET", "/metrics").status == 200
+
+
+@pytest.mark.parametrize("raw", ["true", "yes", "ON"])
+def test_metrics_public_is_on_for_any_yes(db, raw, monkeypatch):
+    from agentledger.app_factory import create_app
+
+    monkeypatch.setenv("AGENTLEDGER_METRICS_PUBLIC", raw)
+    found = create_app(Settings.from_env(database_url=db.url, secret_key="metrics-tests"),
+                       database=db)
+    try:
+        assert found.test_client().get("/metrics").status_code == 200
+    finally:
+        found.extensions["agentledger"].close()
 
 
 def test_requests_are_timed_by_url_rule_and_streams_are_counted(db, app):
@@ -181,6 +198,41 @@ def test_requests_are_timed_by_url_rule_and_streams_are_counted(db, app):
     closed = samples(http.request("GET", "/metrics").text)
     assert value(closed, "agentledger_event_streams_open") == value(
         opened, "agentledger_event_streams_open") - 1
+
+
+def test_a_path_nothing_serves_is_unmatched_whatever_the_method(db, app):
+    """The dashboards' catch-all rule answers any GET (the page shell, known page or not): only
+    a dashboard page counts as that rule, any other path as ``unmatched``, as for other methods."""
+    keys = make_tokens(db, ROLES)
+    http = app(metrics_public=True)
+
+    def counts() -> dict[tuple[str, str, str], float]:
+        found = samples(http.request("GET", "/metrics").text)
+        return {(labels["route"], labels["method"], labels["status"]): n
+                for (name, pairs), n in found.items()
+                if name == "agentledger_http_request_duration_seconds_count"
+                for labels in [dict(pairs)]}
+
+    asked = [("GET", "/no/such/page"), ("HEAD", "/no/such/page"), ("OPTIONS", "/no/such/page"),
+             ("POST", "/no/such/page"), ("GET", "/api/no-such-route"),
+             ("DELETE", "/api/no-such-route"), ("GET", "/runs"), ("GET", "/runs/run_missing"),
+             ("GET", "/")]
+    before = counts()
+    answered = {}
+    for method, path in asked:
+        reply = http.request(method, path, token=keys["viewer"])
+        answered[method, path] = str(reply.status)
+    grew = {key: n - before.get(key, 0) for key, n in counts().items() if n != before.get(key, 0)}
+    grew[("/metrics", "GET", "200")] -= 1  # the scrape that read the first counts
+    grew = {key: n for key, n in grew.items() if n}
+    expected: dict[tuple[str, str, str], float] = {}
+    for method, path in asked:
+        route = {"/runs": "/<path:path>", "/runs/run_missing": "/<path:path>", "/": "/"}.get(
+            path, "unmatched")
+        key = (route, method, answered[method, path])
+        expected[key] = expected.get(key, 0) + 1
+    assert grew == expected
+    assert answered["GET", "/no/such/page"] == "200"  # the shell: Dash shows its 404 page
 
 
 @needs_promtool

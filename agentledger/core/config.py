@@ -57,9 +57,28 @@ def _count_env(name: str, default: int) -> int:
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _bool_env(name: str) -> bool:
+    """A yes/no setting: 1, true, yes, on or 0, false, no, off, empty (any case); unset is no.
+    Anything else stops the process: a misspelt "yes" must not quietly mean no."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return False
+    word = raw.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise SystemExit(f"{name} must be 1, true, yes or on (to turn it on), or 0, false, no, off "
+                     f"or empty (to leave it off), got {raw!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Everything the processes need to know, with the contract's defaults.
+    """Everything the processes need to know, with the contract's defaults. A yes/no setting
+    is yes for 1, true, yes, on and no for 0, false, no, off or empty (any case); any other
+    value stops the process at start, naming the variable.
 
     database_url       AGENTLEDGER_DATABASE_URL        sqlite:///agentledger.db
     lease_seconds      AGENTLEDGER_LEASE_SECONDS       30
@@ -79,7 +98,7 @@ class Settings:
     read_replica_retry_seconds  AGENTLEDGER_READ_REPLICA_RETRY_SECONDS  5: after the replica
                        could not be reached (2 s connect timeout), reads use the primary for this
                        long before trying it again (one warning logged each time)
-    secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; 1 marks cookies Secure (HTTPS)
+    secure_cookies     AGENTLEDGER_SECURE_COOKIES      unset; yes marks cookies Secure (HTTPS)
     redact             AGENTLEDGER_REDACT              unset: nothing redacted; else detectors
                        (email, phone, card, secret, re:<pattern>) applied before storing
     otlp_quiet_seconds AGENTLEDGER_OTLP_QUIET_SECONDS  60: an OTLP trace whose top agent span's
@@ -88,7 +107,7 @@ class Settings:
                        as its top agent span and the chain above it are in; else only after
                        its trace received nothing for this long (spans of a trace may then
                        arrive in any order within it, the top agent span first included)
-    metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; 1 serves ``/metrics`` without a token
+    metrics_public     AGENTLEDGER_METRICS_PUBLIC      unset; yes serves ``/metrics`` without a token
     checkpoint_types   AGENTLEDGER_CHECKPOINT_TYPES    unset: the checkpoint routes read only
                        LangGraph's safe types from executors; else ``package.module:Class``
                        entries (comma-separated) the server may also rebuild (their modules must
@@ -128,12 +147,12 @@ class Settings:
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
             read_replica_max_wait_ms=_count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100),
             read_replica_retry_seconds=_float_env("AGENTLEDGER_READ_REPLICA_RETRY_SECONDS", 5.0),
-            secure_cookies=os.environ.get("AGENTLEDGER_SECURE_COOKIES") == "1",
+            secure_cookies=_bool_env("AGENTLEDGER_SECURE_COOKIES"),
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
             otlp_quiet_seconds=_float_env("AGENTLEDGER_OTLP_QUIET_SECONDS", 60.0),
             otlp_settle_seconds=_float_env("AGENTLEDGER_OTLP_SETTLE_SECONDS", 0.0,
                                            zero_ok=True),
-            metrics_public=os.environ.get("AGENTLEDGER_METRICS_PUBLIC") == "1",
+            metrics_public=_bool_env("AGENTLEDGER_METRICS_PUBLIC"),
             checkpoint_types=os.environ.get("AGENTLEDGER_CHECKPOINT_TYPES", ""),
         )
         settings = replace(settings, **overrides)

@@ -18,7 +18,9 @@ process are exported directly.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import time
 
 from flask import Blueprint, Flask, Response, g, request
@@ -32,13 +34,16 @@ from prometheus_client import (
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agentledger.core.errors import Forbidden
+from agentledger.core.errors import Forbidden, Unauthenticated
 from agentledger.core.vocabulary import DASHBOARD_ROLES
 from agentledger.web.app_state import state
 from agentledger.web.principal import authenticate
 from queries.metrics import ledger_figures
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The route label of a request nothing serves, and the dashboards' catch-all rule.
+UNMATCHED = "unmatched"
+DASHBOARD_CATCH_ALL = "/<path:path>"
 # The classic text format (0.0.4), which every Prometheus release scrapes; ``generate_latest``
 # writes exactly that.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -126,7 +131,13 @@ def exposition() -> bytes:
 @metrics_blueprint.get("/metrics")
 def metrics_view():
     if not metrics_public():
-        principal = authenticate()
+        try:
+            principal = authenticate()
+        except Unauthenticated:
+            if request.headers.get("Authorization"):
+                raise  # a token was sent: the usual "not valid" answer
+            raise Unauthenticated("send Authorization: Bearer <token> of a viewer or admin, or "
+                                  "set AGENTLEDGER_METRICS_PUBLIC=1 on the server") from None
         if principal.role not in DASHBOARD_ROLES:
             raise Forbidden(f"the {principal.role} role may not read /metrics")
     return Response(exposition(), mimetype=None, content_type=CONTENT_TYPE)
@@ -136,11 +147,36 @@ def _started() -> None:
     g.agentledger_request_started = time.perf_counter()
 
 
+def route_label() -> str:
+    """The ``route`` label of this request: its URL rule, or ``unmatched`` when nothing serves
+    its path. The dashboards serve their pages through one catch-all rule (Dash's
+    ``/<path:path>``) that answers any GET with the page shell, known page or not, so a request
+    that matched it counts as that rule only when its path is a dashboard page."""
+    rule = request.url_rule
+    if rule is None or (rule.rule == DASHBOARD_CATCH_ALL and not _dashboard_page(request.path)):
+        return UNMATCHED
+    return rule.rule
+
+
+def _dashboard_page(path: str) -> bool:
+    """Whether Dash shows a registered page (not its 404) for ``path``, matched as Dash matches
+    it: a page's ``path``, or its ``path_template`` with each ``<variable>`` as a wildcard."""
+    import dash
+
+    wanted = path.strip("/")
+    for page in dash.page_registry.values():
+        template = page.get("path_template")
+        if template and fnmatch.fnmatchcase(wanted, re.sub("<.*?>", "*", template.strip("/"))):
+            return True
+        if wanted == page["path"].strip("/"):
+            return True
+    return False
+
+
 def _observed(response: Response) -> Response:
     started = g.pop("agentledger_request_started", None)
     if started is not None:
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        HTTP_DURATION.labels(rule, request.method, str(response.status_code)).observe(
+        HTTP_DURATION.labels(route_label(), request.method, str(response.status_code)).observe(
             time.perf_counter() - started)
     return response
 
