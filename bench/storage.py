@@ -32,24 +32,30 @@ TABLES = ("run_event", "agent_run", "message")
 PROJECTED_EVENTS = 100_000_000
 
 
+# The tables that hold a table's rows: the leaves of its partition tree (``run_event`` is
+# partitioned on PostgreSQL), or the table itself when it is a plain one, for which
+# ``pg_partition_tree()`` returns no rows at all (PostgreSQL 12 and later). UNION, not UNION
+# ALL: a plain table is counted once whichever way a server answers.
+_LEAVES = ("SELECT relid FROM pg_partition_tree(%(table)s) WHERE isleaf"
+           " UNION SELECT oid FROM pg_class WHERE oid = %(table)s::regclass AND relkind = 'r'")
+
+
 def _sizes(conn: psycopg.Connection) -> dict:
-    """Sizes of each table, summed over its partitions (``run_event`` is partitioned on
-    PostgreSQL; a plain table is its own one-row partition tree)."""
+    """Sizes of each table, summed over the tables that hold its rows (``_LEAVES``)."""
     found = {}
     for table in TABLES:
         rows, heap, indexes, total = conn.execute(
             "SELECT sum(greatest(c.reltuples, 0))::bigint, sum(pg_relation_size(t.relid)),"
             " sum(pg_indexes_size(t.relid)), sum(pg_total_relation_size(t.relid))"
-            " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf",
-            (table,)
+            f" FROM ({_LEAVES}) t JOIN pg_class c ON c.oid = t.relid", {"table": table}
         ).fetchone()
         per_index = conn.execute(
             "SELECT coalesce(p.relname, i.relname), sum(pg_relation_size(i.oid))"
-            " FROM pg_partition_tree(%s) t JOIN pg_index x ON x.indrelid = t.relid"
+            f" FROM ({_LEAVES}) t JOIN pg_index x ON x.indrelid = t.relid"
             " JOIN pg_class i ON i.oid = x.indexrelid"
             " LEFT JOIN pg_inherits h ON h.inhrelid = i.oid"
             " LEFT JOIN pg_class p ON p.oid = h.inhparent"
-            " WHERE t.isleaf GROUP BY 1 ORDER BY 2 DESC", (table,)
+            " GROUP BY 1 ORDER BY 2 DESC", {"table": table}
         ).fetchall()
         found[table] = {"rows": rows, "heap": heap, "indexes": indexes, "total": total,
                         "per_index": per_index}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -147,6 +148,34 @@ def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
     for line in lines.values():
         cells = [c.strip() for c in line.strip("|").split("|")[1:]]
         assert all(float(c) > 0 for c in cells), line
+
+
+@pytest.mark.timeout(300)
+def test_storage_bench_sizes_plain_and_partitioned_tables_and_archives(fresh_pg_url):
+    """``python -m bench.storage``: ``agent_run`` and ``message`` are plain tables, for which
+    ``pg_partition_tree()`` returns no rows; they are sized all the same, beside the
+    partitioned ``run_event``, before and after ``--archive-days``."""
+    from agentledger.core.config import Settings
+    from agentledger.core.migrate import upgrade
+    from agentledger.demo import seed
+    from bench.common import create_pg_database
+
+    create_pg_database(fresh_pg_url)
+    upgrade(fresh_pg_url)
+    seed(Settings(database_url=fresh_pg_url), runs=30, days=40, seed=3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.storage", "--db", fresh_pg_url, "--archive-days", "29"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in done.stdout.splitlines() if line.startswith("| ")}
+    for table in ("run_event", "agent_run", "message"):
+        count = int(rows[table][1].replace(",", ""))
+        assert count > 0 and rows[table][4].endswith("MB"), rows[table]
+    assert re.search(r"^[1-9][\d,]* runs and [1-9][\d,]* events archived in ", done.stdout,
+                     re.MULTILINE), done.stdout
 
 
 def test_spread_reports_each_run_and_whether_every_run_met_the_target(tmp_path):
