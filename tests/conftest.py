@@ -204,6 +204,25 @@ def db(db_url):
 
 
 @pytest.fixture
+def fw_db(db, db_url):
+    """``db`` with the agent frameworks' own tables (LangGraph checkpoints, Agents SDK
+    sessions), for runs of kinds ``langgraph`` and ``openai-agents``."""
+    from agentledger.agent_kinds.storage import setup_framework_storage
+
+    setup_framework_storage(db_url)
+    return db
+
+
+@pytest.fixture
+def fw_executors(fw_db):
+    """In-process executors on ``fw_db`` (``support.processes.ExecutorPool``)."""
+    from support.processes import ExecutorPool
+
+    with ExecutorPool(fw_db) as pool:
+        yield pool
+
+
+@pytest.fixture
 def pg_db(pg_url):
     database = Database(pg_url)
     yield database

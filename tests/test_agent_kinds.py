@@ -314,6 +314,10 @@ def plugin(tmp_path, monkeypatch):
 
         def impostor(ctx):
             return "not the built-in echo"
+
+        def quits(ctx):
+            ctx.say("leaving")
+            raise SystemExit("bye")
     """))
     dist = root / "agentledger_test_plugin-1.0.dist-info"
     dist.mkdir()
@@ -326,6 +330,7 @@ def plugin(tmp_path, monkeypatch):
         refusing = {PLUGIN_MODULE}:refusing
         sloppy = {PLUGIN_MODULE}:sloppy
         echo = {PLUGIN_MODULE}:impostor
+        quits = {PLUGIN_MODULE}:quits
     """))
     monkeypatch.syspath_prepend(str(root))
     available_kinds.cache_clear()
@@ -382,6 +387,23 @@ def test_plugin_kinds_run_through_the_executor(db, executors, plugin):
     assert message_content(db, run(db, echo.run_id).final_message_id) == "plain"
     for posted in (shout, broken, refusing, sloppy, echo):
         assert_one_terminal_event(db, posted.run_id)
+
+
+def test_a_plugin_kind_that_exits_fails_its_run_and_the_executor_goes_on(db, executors, plugin):
+    # ``sys.exit()`` in a run's thread is the agent's, not the worker's exit: the run fails at
+    # once with the code the executor gives any exception a kind lets through.
+    make_agent(db, "a-quits", kind="quits")
+    make_agent(db, "a-echo", kind="echo")
+    quits = post(db, make_session(db, agent_id="a-quits"), "x")
+    executors.start(concurrency=1)
+    wait_terminal(db, quits.run_id, timeout=10)
+    row = run(db, quits.run_id)
+    assert row.status == "failed"
+    assert row.error == {"code": "agent_exception", "message": "SystemExit: bye"}
+    assert types(db, quits.run_id) == ["run.queued", "run.started", "message.delta", "run.failed"]
+    echo = post(db, make_session(db, agent_id="a-echo"), "still serving")
+    wait_terminal(db, echo.run_id, timeout=10)
+    assert message_content(db, run(db, echo.run_id).final_message_id) == "still serving"
 
 
 # --------------------------------------------------------------------------------------------

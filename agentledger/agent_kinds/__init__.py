@@ -22,6 +22,7 @@ from agentledger.agent_kinds import langgraph_kind, openai_agents_kind
 from agentledger.agent_kinds.echo import run_echo
 from agentledger.agent_kinds.pricing import cost_usd, validate_pricing
 from agentledger.agent_kinds.run_context import (
+    AGENT_RAISES,
     AgentFailed,
     RunCancelled,
     RunContext,
@@ -76,6 +77,6 @@ def validate_definition(kind: str, params: dict) -> None:
 
 
 __all__ = [
-    "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "bind_current_run",
+    "AGENT_RAISES", "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "bind_current_run",
     "cost_usd", "current_run", "kind_for", "unbind_current_run", "validate_definition",
 ]

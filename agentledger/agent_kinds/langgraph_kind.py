@@ -11,6 +11,8 @@ registration) happens, so the base install works without the extra.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from agentledger.agent_kinds import code_agents
 from agentledger.agent_kinds.code_agents import Unavailable
 from agentledger.agent_kinds.framework_thread import WriteFence, run_in_own_thread
-from agentledger.agent_kinds.run_context import AgentFailed, RunContext
+from agentledger.agent_kinds.run_context import AGENT_RAISES, AgentFailed, RunContext
 from agentledger.agent_kinds.storage import langgraph_checkpointer, langgraph_installed
 
 if TYPE_CHECKING:
@@ -156,19 +158,104 @@ def _cancel_callback(ctx: RunContext):
     return StopOnCancel()
 
 
-def _model_of(message, ctx: RunContext) -> str | None:
-    meta = getattr(message, "response_metadata", None) or {}
-    return (meta.get("model_name") or meta.get("model")
-            or ctx.agent_execution_snapshot.get("model") or None)
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _response_usages(response: Any) -> list[tuple[str | None, Any, Any]]:
+    """(model, input tokens, output tokens) of each response in one ``on_llm_end``.
+
+    Each list of ``response.generations`` is one prompt's response; its choices (``n`` > 1)
+    carry that one response's usage each, so its first ``usage_metadata`` is taken. A model
+    that reports usage only in ``llm_output`` (``token_usage`` / ``usage``; LangChain's
+    completion LLMs) is read there."""
+    found: list[tuple[str | None, Any, Any]] = []
+    for choices in getattr(response, "generations", None) or []:
+        for generation in choices:
+            message = getattr(generation, "message", None)
+            usage = getattr(message, "usage_metadata", None)
+            if usage:
+                meta = getattr(message, "response_metadata", None) or {}
+                found.append((_text_or_none(meta.get("model_name")) or _text_or_none(meta.get("model")),
+                              usage.get("input_tokens"), usage.get("output_tokens")))
+                break
+    if found:
+        return found
+    output = getattr(response, "llm_output", None) or {}
+    usage = output.get("token_usage") or output.get("usage")
+    if isinstance(usage, dict):
+        tokens_in = _count(usage.get("input_tokens", usage.get("prompt_tokens")))
+        tokens_out = _count(usage.get("output_tokens", usage.get("completion_tokens")))
+        if tokens_in is not None or tokens_out is not None:
+            found.append((_text_or_none(output.get("model_name")) or _text_or_none(output.get("model")),
+                          tokens_in, tokens_out))
+    return found
+
+
+def _usage_callback(ctx: RunContext):
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class ReportUsage(BaseCallbackHandler):
+        """One ``usage`` per model response, from LangChain's ``on_llm_end``: every chat model or
+        LLM call the graph's callbacks reach (nodes, conditional edges, tools, subgraphs, and
+        calls whose reply never reaches the state: a router, a classifier, a summariser), once
+        per call (its callback run id), and none for the thread's earlier messages. Usage is
+        not read from the messages in the state: a reply kept out of ``messages`` would be
+        missed, and one put there twice (or rebuilt by a node) could be counted twice.
+
+        ``model``: the response's ``model_name`` / ``model``, else the name the model was
+        called with (LangChain's ``ls_model_name``), else the agent definition's model."""
+
+        raise_error = True  # a refused write or a cancel stops the graph, as elsewhere
+        run_inline = True
+
+        def __init__(self) -> None:
+            self._lock = threading.Lock()  # parallel nodes call back from their own threads
+            self._requested: dict[Any, str] = {}
+            self._reported: set[Any] = set()
+
+        def _started(self, run_id: Any, metadata: dict[str, Any] | None) -> None:
+            name = _text_or_none((metadata or {}).get("ls_model_name"))
+            if name is not None:
+                with self._lock:
+                    self._requested[run_id] = name
+
+        def on_chat_model_start(self, serialized, messages, *, run_id, metadata=None, **kwargs):
+            self._started(run_id, metadata)
+
+        def on_llm_start(self, serialized, prompts, *, run_id, metadata=None, **kwargs):
+            self._started(run_id, metadata)
+
+        def on_llm_error(self, error, *, run_id, **kwargs):
+            with self._lock:
+                self._requested.pop(run_id, None)
+
+        def on_llm_end(self, response, *, run_id, **kwargs):
+            with self._lock:
+                if run_id in self._reported:
+                    return
+                self._reported.add(run_id)
+                requested = self._requested.pop(run_id, None)
+            for model, tokens_in, tokens_out in _response_usages(response):
+                code_agents.usage_event(
+                    ctx, model or requested or ctx.agent_execution_snapshot.get("model") or None,
+                    tokens_in, tokens_out)
+
+    return ReportUsage()
 
 
 class _Reporter:
-    """Tool calls, tool results and usage of the messages the graph's nodes return, each once.
+    """Tool calls and tool results of the messages the graph's nodes return, each once.
 
     With subgraphs one message is in several updates: that of the subgraph's node that made it,
     then that of each enclosing graph's node (the subgraph's whole output, the thread's earlier
-    messages included). So each tool call, tool result and model response is reported the first
-    time it is seen, and those of the thread's messages before the run count as seen."""
+    messages included). So each tool call and tool result is reported the first time it is
+    seen, and those of the thread's messages before the run count as seen. (Usage comes from
+    the model calls themselves: ``_usage_callback``.)"""
 
     def __init__(self, ctx: RunContext, earlier: Any):
         self.ctx = ctx
@@ -196,16 +283,14 @@ class _Reporter:
         return True
 
     def _new(self, message) -> list[tuple[str, Any]]:
-        """What of ``message`` was not seen yet, now seen: ("tool.call", call), ("usage",
-        usage) or ("tool.result", None)."""
+        """What of ``message`` was not seen yet, now seen: ("tool.call", call) or
+        ("tool.result", None)."""
         from langchain_core.messages import AIMessage, ToolMessage
 
         new: list[tuple[str, Any]] = []
         if isinstance(message, AIMessage):
             new.extend(("tool.call", call) for call in message.tool_calls
                        if self._first("tool.call", call.get("id")))
-            if message.usage_metadata and self._first("usage", message.id):
-                new.append(("usage", message.usage_metadata))
         elif isinstance(message, ToolMessage) and self._first("tool.result", message.tool_call_id):
             new.append(("tool.result", None))
         return new
@@ -221,13 +306,56 @@ class _Reporter:
                         ctx.emit("tool.call", {"name": part["name"],
                                                "input": code_agents.as_json(part["args"]),
                                                "call_id": part.get("id")})
-                    elif kind == "usage":
-                        code_agents.usage_event(ctx, _model_of(message, ctx),
-                                                part.get("input_tokens"), part.get("output_tokens"))
                     else:
                         ctx.emit("tool.result", {"name": message.name or "tool",
                                                  "output": code_agents.as_json(message.content),
                                                  "call_id": message.tool_call_id})
+
+
+def _pending(interrupts: Any) -> list[tuple[str, Any]]:
+    """``(id, value)`` of each interrupt pending on the thread, in LangGraph's order, once each."""
+    found: dict[str, Any] = {}
+    for item in interrupts or ():
+        found.setdefault(item.id, code_agents.as_json(item.value))
+    return list(found.items())
+
+
+def _answers_by_id(content: str, pending_ids: set[str]) -> dict[str, Any] | None:
+    """The message as answers by interrupt id: a JSON object whose keys are all pending
+    interrupt ids (some or all of them); else ``None``."""
+    try:
+        answers = json.loads(content)
+    except ValueError:
+        return None
+    if isinstance(answers, dict) and answers and set(answers) <= pending_ids:
+        return answers
+    return None
+
+
+def _resume(content: str, pending: list[tuple[str, Any]]) -> Any:
+    """The ``Command`` that resumes a thread with pending interrupts with the run's message.
+
+    A JSON object keyed by pending interrupt ids answers those interrupts
+    (``Command(resume={id: answer})``, LangGraph's own form; the ones it leaves out stay
+    pending). Otherwise the message is the answer of the one pending interrupt
+    (``Command(resume=<content>)``). With several pending, a message that does not answer them
+    by id fails the run without running the graph (LangGraph itself refuses a plain resume
+    then): the thread is left as it was, for a next message that does."""
+    from langgraph.types import Command
+
+    answers = _answers_by_id(content, {interrupt_id for interrupt_id, _ in pending})
+    if answers is not None:
+        return Command(resume=answers)
+    if len(pending) == 1:
+        return Command(resume=content)
+    listed = json.dumps(dict(pending), ensure_ascii=False, default=str)
+    if len(listed) > 4000:
+        listed = listed[:4000] + "…"
+    example = json.dumps({interrupt_id: "…" for interrupt_id, _ in pending[:2]}, ensure_ascii=False)
+    raise AgentFailed(
+        f"{len(pending)} interrupts of the graph are waiting for an answer; answer them in one "
+        f"message that is a JSON object mapping interrupt ids to answers, e.g. {example} "
+        f"(an id left out stays pending). Pending (id: value): {listed}", code="agent_error")
 
 
 def _final_answer(state) -> str | None:
@@ -276,7 +404,6 @@ def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
     """The graph's run, in a thread of its own (``framework_thread``), which also opens and
     closes the checkpointer: a graph abandoned by a cancel keeps its connection until it ends."""
     from langchain_core.messages import AIMessage
-    from langgraph.types import Command
 
     with _checkpointer(ctx) as checkpointer:
         fence.guard(checkpointer, *CHECKPOINT_WRITES)
@@ -284,12 +411,12 @@ def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
             graph = _compiled(obj, checkpointer, "params.graph")
         except Unavailable as exc:
             raise code_agents.unavailable(exc) from None
-        except Exception as exc:
+        except AGENT_RAISES as exc:
             if code_agents.is_ledger_signal(exc):
                 raise
             raise code_agents.agent_error(exc) from exc
         config: RunnableConfig = {"configurable": {"thread_id": ctx.thread_id},
-                                  "callbacks": [_cancel_callback(ctx)]}
+                                  "callbacks": [_cancel_callback(ctx), _usage_callback(ctx)]}
         try:
             before = graph.get_state(config)
             start_id = (before.config or {}).get("configurable", {}).get("checkpoint_id")
@@ -301,8 +428,9 @@ def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
                 tools=_tool_names(graph), module_name=module_name, attr=attr,
                 checkpoint_id=start_id))
             ctx.check_cancel()
-            if before.interrupts:
-                graph_input: Any = Command(resume=ctx.input)
+            waiting = _pending(before.interrupts)
+            if waiting:
+                graph_input: Any = _resume(ctx.input, waiting)
             else:
                 graph_input = {"messages": [{"role": "user", "content": ctx.input}]}
             values = before.values if isinstance(before.values, dict) else {}
@@ -310,8 +438,9 @@ def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
             # "sync": each checkpoint is saved before the next step starts (LangGraph's default
             # saves it while the next step runs), so a worker killed mid-graph leaves the
             # thread's memory holding every step it began with, this run's question included.
-            # ``subgraphs``: chunks, tool calls and usage of a graph run as a node of another
-            # come as they happen, not once in the enclosing node's final update.
+            # ``subgraphs``: chunks, tool calls and tool results of a graph run as a node of
+            # another come as they happen, not once in the enclosing node's final update.
+            # (Usage comes from the model calls' own callbacks, ``_usage_callback``.)
             for _namespace, mode, chunk in graph.stream(
                     graph_input, config, durability="sync", subgraphs=True,
                     stream_mode=["messages", "updates"]):
@@ -326,12 +455,19 @@ def _run_graph(ctx: RunContext, obj: Any, module_name: str, attr: str,
                             report.update(update)
             ctx.check_cancel()
             after = graph.get_state(config)
-        except Exception as exc:
+        except AGENT_RAISES as exc:
             if code_agents.is_ledger_signal(exc):
                 raise
             raise code_agents.agent_error(exc) from exc
-    if after.interrupts:
-        value = code_agents.as_json(after.interrupts[0].value)
-        ctx.completion.update({"awaiting_input": True, "interrupt": value})
-        return code_agents.as_text(value)
-    return _final_answer(after)
+    waiting = _pending(after.interrupts)
+    if not waiting:
+        return _final_answer(after)
+    # One interrupt: its value is the answer. Several (nodes of one step interrupting in
+    # parallel): ``interrupt`` stays the first one's value, ``interrupts`` lists them all with
+    # their ids, and the answer is {id: value} as JSON, the shape of the message that answers.
+    ctx.completion.update({"awaiting_input": True, "interrupt": waiting[0][1]})
+    if len(waiting) == 1:
+        return code_agents.as_text(waiting[0][1])
+    ctx.completion["interrupts"] = [{"id": interrupt_id, "value": value}
+                                    for interrupt_id, value in waiting]
+    return code_agents.as_text(dict(waiting))

@@ -13,6 +13,13 @@ class RunCancelled(Exception):
     """Raised inside an agent when the run is being cancelled; the executor confirms it."""
 
 
+# What an agent's own code may raise that fails its run: every ``Exception``, and the two
+# ``BaseException``s code exits with (``sys.exit()`` in a node or a tool; a ``KeyboardInterrupt``
+# raised by code, not the worker's Ctrl-C, which Python raises in the main thread). Left to
+# run up, they would end the run's thread and leave the run running until its lease expired.
+AGENT_RAISES = (Exception, SystemExit, KeyboardInterrupt)
+
+
 class AgentFailed(Exception):
     """Raised by an agent to end its run ``failed`` with ``{"code": code, "message": …}``."""
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from agentledger.agent_kinds import (
+    AGENT_RAISES,
     AgentFailed,
     RunCancelled,
     RunContext,
@@ -283,7 +284,7 @@ class Executor:
                 self._end(active, "run.failed", {"error": {"code": exc.code, "message": exc.message}})
             except LedgerError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - an agent's bug fails its run, not the worker
+            except AGENT_RAISES as exc:  # noqa: BLE001 - an agent's bug fails its run, not the worker
                 if database_failure(exc) is not None:
                     raise  # not the agent's bug: the run is let go of below
                 log.exception("agent of run %s raised", run.run_id)
