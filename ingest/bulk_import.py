@@ -59,6 +59,7 @@ from agentledger.core.hashing import (
     canonical_json,
     event_hash_of_json,
     input_sha256,
+    sha256_hex,
 )
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
@@ -326,9 +327,13 @@ class BulkImporter:
         redactor = self.db.redactor.for_run()
         run_input = redactor.text(run.input)
 
+        # The snapshots' digests (hashing.snapshot_sha256) over the canonical JSON they are
+        # stored as, which is already at hand.
         queued = {"agent_id": run.agent_id, "session_id": session_id,
                   "parent_run_id": parent.id if parent else None,
-                  "input_sha256": input_sha256(run_input)}
+                  "input_sha256": input_sha256(run_input),
+                  "agent_snapshot_sha256": sha256_hex(snapshot_json),
+                  "context_pack_sha256": sha256_hex(pack_json)}
         pending: list[tuple[str, dict, datetime]] = [("run.queued", queued, created)]
         status, previous = "queued", created
         changes: dict[str, Any] = {}  # what the events do to the run row (state_machine.row_changes)

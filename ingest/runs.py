@@ -30,6 +30,7 @@ from agentledger.core.hashing import (
     event_hash,
     input_sha256,
     sha256_hex,
+    snapshot_sha256,
     storable_json,
 )
 from agentledger.core.ids import new_id
@@ -469,7 +470,9 @@ def _new_run(chat, *, session_id: str, agent_id: str | None, content: str, pack:
     run_id, message_id = new_id("run"), new_id("msg")
     queued, chain = _queued_event(
         run_id, {"agent_id": chosen_agent, "session_id": session_id, "parent_run_id": None,
-                 "input_sha256": input_sha256(content)}, now
+                 "input_sha256": input_sha256(content),
+                 "agent_snapshot_sha256": snapshot_sha256(snapshot),
+                 "context_pack_sha256": snapshot_sha256(pack)}, now
     )
     row = {
         "id": run_id,
@@ -538,7 +541,9 @@ def create_child_run(
     run_id = new_id("run")
     queued, chain = _queued_event(
         run_id, {"agent_id": agent_id, "session_id": None, "parent_run_id": parent_run_id,
-                 "input_sha256": input_sha256(input)}, now
+                 "input_sha256": input_sha256(input),
+                 "agent_snapshot_sha256": snapshot_sha256(snapshot),
+                 "context_pack_sha256": snapshot_sha256(parent_row.context_pack_snapshot)}, now
     )
     session.execute(
         insert(AgentRun).values(

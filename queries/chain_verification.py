@@ -2,9 +2,12 @@
 
 Recomputes each run's hash chain from its first event and compares it with the stored hashes,
 the seq numbering (1, 2, 3… with no gap) and the run's recorded head (``last_event_seq``,
-``last_event_hash``), and that each answer's stored text is the one whose digest its run's
-``run.completed`` recorded (``content_sha256``; the text lives in its ``message`` row, outside
-the chain), and each run's input the one its ``run.queued`` recorded (``input_sha256``). Streams rows in ``(run_id, seq)`` order, so memory stays flat at any size.
+``last_event_hash``). Then what lives outside the chain against the digests the chain recorded
+of it: each answer's stored text (its ``message`` row) against its run's ``run.completed``
+(``content_sha256``), and each run's input and frozen snapshots (its row) against its
+``run.queued`` (``input_sha256``, ``agent_snapshot_sha256``, ``context_pack_sha256``). Runs
+recorded before the ledger wrote a digest are checked without it. Streams rows in
+``(run_id, seq)`` order, so memory stays flat at any size.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentledger.core.database import outside_transaction
-from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex
+from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex, snapshot_sha256
 from agentledger.core.schema import AgentRun, Message, RunEvent
 
 # Bound parameters per IN list: far below SQLite's limit of 32,766 variables.
@@ -90,12 +94,14 @@ def verify_chains(
         if run is not None:
             seen[run] = (expected_seq, chain)
 
-    answers = _DigestCheck(session, problems, Message.content, Message.id,
-                           "answer {key} is missing",
-                           "answer {key}'s text is not the text its run recorded")
-    inputs = _DigestCheck(session, problems, AgentRun.input, AgentRun.id,
-                          "run {key} is missing",
-                          "the run's input is not the text its run.queued recorded")
+    answers = _DigestCheck(session, problems, Message.id, "answer {key} is missing", [
+        (Message.content, sha256_hex, "answer {key}'s text is not the text its run recorded")])
+    queued = _DigestCheck(session, problems, AgentRun.id, "run {key} is missing", [
+        (AgentRun.input, sha256_hex, "the run's input is not the text its run.queued recorded"),
+        (AgentRun.agent_execution_snapshot, snapshot_sha256,
+         "the run's agent_execution_snapshot is not the snapshot its run.queued recorded"),
+        (AgentRun.context_pack_snapshot, snapshot_sha256,
+         "the run's context_pack_snapshot is not the snapshot its run.queued recorded")])
     for row in rows:
         events += 1
         if progress and events % batch_size == 0:
@@ -116,12 +122,14 @@ def verify_chains(
             broken.add(row.run_id)
         elif row.type == "run.completed":
             answers.add(row.data.get("final_message_id"), row.run_id, row.seq,
-                        row.data.get("content_sha256"))
+                        (row.data.get("content_sha256"),))
         elif row.seq == 1:
-            inputs.add(row.run_id, row.run_id, 1, row.data.get("input_sha256"))
+            queued.add(row.run_id, row.run_id, 1, (
+                row.data.get("input_sha256"), row.data.get("agent_snapshot_sha256"),
+                row.data.get("context_pack_sha256")))
     close(current)
     answers.check()
-    inputs.check()
+    queued.check()
 
     for rid, (last_seq, last_hash) in heads.items():
         if rid in broken:
@@ -143,18 +151,23 @@ def verify_chains(
 
 
 class _DigestCheck:
-    """Texts kept outside the chain (an answer in its ``message`` row, a run's input in its
-    run row) against the digest their event recorded, looked up ``CHOSEN_PER_STATEMENT`` at a
-    time, so the check holds a bounded number of them."""
+    """Values kept outside the chain (an answer's text in its ``message`` row; a run's input
+    and snapshots in its run row) against the digests their events recorded, looked up
+    ``CHOSEN_PER_STATEMENT`` rows at a time, so the check holds a bounded number of them.
 
-    def __init__(self, session: Session, problems: list[ChainProblem], text, key,
-                 missing: str, differs: str):
+    ``fields``: (column, digest of its value, problem) for each digest an event records, in the
+    order ``add`` is given them."""
+
+    def __init__(self, session: Session, problems: list[ChainProblem], key, missing: str,
+                 fields: list[tuple[Any, Callable[[Any], str], str]]):
         self.session, self.problems = session, problems
-        self.text, self.key, self.missing, self.differs = text, key, missing, differs
-        self.waiting: dict[str, tuple[str, int, str]] = {}
+        self.key, self.missing, self.fields = key, missing, fields
+        self.waiting: dict[str, tuple[str, int, tuple[str | None, ...]]] = {}
 
-    def add(self, key: str | None, run_id: str, seq: int, recorded: str | None) -> None:
-        if recorded is None or key is None:  # recorded before the ledger kept the digest
+    def add(self, key: str | None, run_id: str, seq: int,
+            recorded: tuple[str | None, ...]) -> None:
+        # A digest None: recorded before the ledger kept it (that value is not checked).
+        if key is None or all(digest is None for digest in recorded):
             return
         self.waiting[key] = (run_id, seq, recorded)
         if len(self.waiting) >= CHOSEN_PER_STATEMENT:
@@ -163,12 +176,16 @@ class _DigestCheck:
     def check(self) -> None:
         if not self.waiting:
             return
-        stored = dict(self.session.execute(
-            select(self.key, self.text).where(self.key.in_(list(self.waiting)))).tuples().all())
+        stored = {row[0]: row[1:] for row in self.session.execute(
+            select(self.key, *(column for column, _, _ in self.fields))
+            .where(self.key.in_(list(self.waiting))))}
         for key, (run_id, seq, recorded) in self.waiting.items():
-            text = stored.get(key)
-            if text is None:
+            values = stored.get(key)
+            if values is None:
                 self.problems.append(ChainProblem(run_id, seq, self.missing.format(key=key)))
-            elif sha256_hex(text) != recorded:
-                self.problems.append(ChainProblem(run_id, seq, self.differs.format(key=key)))
+                continue
+            for (_, digest, differs), value, wanted in zip(self.fields, values, recorded,
+                                                           strict=True):
+                if wanted is not None and (value is None or digest(value) != wanted):
+                    self.problems.append(ChainProblem(run_id, seq, differs.format(key=key)))
         self.waiting = {}

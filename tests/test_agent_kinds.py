@@ -31,7 +31,7 @@ from agentledger import agent_kinds
 from agentledger.agent_kinds import AgentFailed, RunContext, available_kinds, kind_for
 from agentledger.app_factory import create_app
 from agentledger.core.config import Settings
-from agentledger.core.hashing import sha256_hex
+from agentledger.core.hashing import sha256_hex, snapshot_sha256
 from ingest.cancel import request_cancel
 from ingest.tokens import create_token
 
@@ -227,9 +227,11 @@ def test_delegate_creates_children_on_their_own_threads_running_in_parallel(db, 
         assert child.thread_id not in threads  # each child has its own new thread
         threads.add(child.thread_id)
         assert_one_terminal_event(db, child.id)
-        assert events(db, child.id)[0].data == {"agent_id": child.agent_id, "session_id": None,
-                                                "parent_run_id": parent.id,
-                                                "input_sha256": sha256_hex(child.input)}
+        assert events(db, child.id)[0].data == {
+            "agent_id": child.agent_id, "session_id": None, "parent_run_id": parent.id,
+            "input_sha256": sha256_hex(child.input),
+            "agent_snapshot_sha256": snapshot_sha256(child.agent_execution_snapshot),
+            "context_pack_sha256": snapshot_sha256(child.context_pack_snapshot)}
     # parallel: the two one-second children overlap in time
     a, b = children
     assert a.started_at < b.finished_at and b.started_at < a.finished_at

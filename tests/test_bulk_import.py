@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -42,7 +43,7 @@ from agentledger.core.errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex
+from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex, snapshot_sha256
 from agentledger.core.migrate import upgrade
 from agentledger.core.schema import AgentRun, ChatSession, Message, RunEvent
 from agentledger.demo_history import SHOWCASE, synthetic_history, synthetic_shares
@@ -134,8 +135,14 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
     assert [e.type for e in evs] == ["run.queued", "run.started", "run.child_created",
                                      "run.child_finished", "message.delta", "message.delta",
                                      "usage", "run.completed"]
+    # the question and both frozen snapshots, bound into the chain by their digests
     assert evs[0].data == {"agent_id": "alpha", "session_id": chat.id, "parent_run_id": None,
-                           "input_sha256": sha256_hex("hi")}  # the question, bound
+                           "input_sha256": sha256_hex("hi"),
+                           "agent_snapshot_sha256": snapshot_sha256(p.agent_execution_snapshot),
+                           "context_pack_sha256": snapshot_sha256(p.context_pack_snapshot)}
+    child_queued = assert_run_invariants(db, child.id)[0].data
+    assert child_queued["context_pack_sha256"] == snapshot_sha256(c.context_pack_snapshot)
+    assert child_queued["agent_snapshot_sha256"] == snapshot_sha256(c.agent_execution_snapshot)
     # the answer's text is bound into the chain by its digest
     assert evs[-1].data == {"final_message_id": p.final_message_id,
                             "content_sha256": hashlib.sha256(b"Hello").hexdigest()}
@@ -153,6 +160,29 @@ def test_a_hand_built_history_is_stored_like_the_live_path(agents):
     assert_rollup_matches_scan(db, imported_since=IMPORTS_FROM)
     # imported runs are terminal: a live worker finds nothing to claim
     assert claim(db) == []
+
+
+def test_an_imported_answers_evidence_bundle_verifies_with_nothing_uncovered(agents):
+    """Everything a bundle binds (run rows, snapshots, the answer and its time) is written by
+    the importer as the live path writes it."""
+    from agentledger.core.evidence_format import verify_bundle
+    from queries.evidence import evidence_bundle
+
+    db = agents
+    chat = ImportedSession(owner_id="alice", agent_id="alpha", created_at=s(-10), title="imported")
+    child = ImportedRun(agent_id="beta", agent_version=1, input="sub", created_at=s(2.5), events=[
+        started(3, "ext-2"), ev("message.delta", {"text": "part"}, 3.5),
+        ev("run.completed", {}, 4)])
+    parent = answered_run(chat, children=[child], extra=[
+        ev("run.child_created", {"child_run_id": child.id, "agent_id": "beta"}, 2.5),
+        ev("run.child_finished", {"child_run_id": child.id, "status": "succeeded"}, 4)])
+    parent.context = [ContextItem("kb-1", "KB", "knowledge", 2)]
+    bulk_import(db, [parent])
+    for run_id in (parent.id, child.id):  # the root's answer, and the child's
+        with db.read() as session:
+            doc = evidence_bundle(session, run_row(db, run_id).final_message_id)
+        report = verify_bundle(json.loads(json.dumps(doc)))
+        assert report.ok and report.notes == (), (report.problems, report.notes)
 
 
 def test_the_importer_leaves_the_histories_it_is_given_as_they_were(agents):

@@ -27,7 +27,7 @@ from agentledger.core.errors import (
     RunTerminal,
     ValidationFailed,
 )
-from agentledger.core.hashing import sha256_hex
+from agentledger.core.hashing import sha256_hex, snapshot_sha256
 from agentledger.core.outcome_sums import RUN_TOKENS_MAX
 from agentledger.core.schema import RunEvent
 from ingest.cancel import request_cancel
@@ -276,9 +276,11 @@ def test_child_finishing_tells_its_running_parent(db, running):
     assert child_row.root_run_id == running and child_row.thread_id != parent_row.thread_id
     assert child_row.context_pack_snapshot == parent_row.context_pack_snapshot
     assert child_row.agent_execution_snapshot["agent_id"] == "helper"
-    assert events(db, child)[0].data == {"agent_id": "helper", "session_id": None,
-                                         "parent_run_id": running,
-                                         "input_sha256": sha256_hex(child_row.input)}
+    assert events(db, child)[0].data == {
+        "agent_id": "helper", "session_id": None, "parent_run_id": running,
+        "input_sha256": sha256_hex(child_row.input),
+        "agent_snapshot_sha256": snapshot_sha256(child_row.agent_execution_snapshot),
+        "context_pack_sha256": snapshot_sha256(child_row.context_pack_snapshot)}
 
     [claimed] = claim(db, "worker-2")
     assert claimed.run_id == child and claimed.parent_run_id == running

@@ -8,7 +8,7 @@ from support.factories import make_agent, make_session, post
 from support.ledger import counts, events, message_row, run_row, session_row, snapshot_state
 
 from agentledger.core.errors import IdempotencyConflict, NotFound, UnknownAgent
-from agentledger.core.hashing import sha256_hex
+from agentledger.core.hashing import sha256_hex, snapshot_sha256
 from agentledger.core.schema import AgentRun, ContextBlob, Message, RunEvent
 from ingest.agents import AgentDefinition, add_agent_version
 from ingest.runs import ContextItem, idempotency_key_hash, post_message, request_checksum
@@ -62,7 +62,9 @@ def test_post_writes_message_run_queued_event_and_snapshots(db, chat):
     evs = events(db, posted.run_id)
     assert [(e.seq, e.type) for e in evs] == [(1, "run.queued")]
     assert evs[0].data == {"agent_id": "echo", "session_id": chat, "parent_run_id": None,
-                           "input_sha256": sha256_hex("hello there")}
+                           "input_sha256": sha256_hex("hello there"),
+                           "agent_snapshot_sha256": snapshot_sha256(run.agent_execution_snapshot),
+                           "context_pack_sha256": snapshot_sha256(pack)}
 
     with db.read() as s:
         blobs = dict(s.execute(select(ContextBlob.sha256, ContextBlob.content)).all())

@@ -46,6 +46,15 @@ def input_sha256(text: str) -> str:
     return sha256_hex(text)
 
 
+def snapshot_sha256(snapshot: Any) -> str:
+    """``run.queued``'s ``agent_snapshot_sha256`` and ``context_pack_sha256``: a frozen snapshot
+    (the agent execution snapshot, the context pack snapshot) bound into its run's chain, since
+    the snapshots live in the run row, outside the hashed events. The sha256 of the snapshot's
+    canonical JSON, exactly as stored (``storable_json`` values read back the same on both
+    databases, as event data does)."""
+    return sha256_hex(canonical_json(snapshot))
+
+
 def timestamp_text(moment: datetime) -> str:
     """Microsecond UTC text, the precision both databases store."""
     if moment.tzinfo is not UTC:
