@@ -12,7 +12,6 @@ from framework_agents import lg_graphs
 from support.factories import make_agent, make_session, post
 from support.frameworks import WORKER_PYTHONPATH, answer_of, answered, ask, two_turns_in_a_worker
 from support.processes import (
-    ExecutorPool,
     assert_one_terminal_event,
     events,
     run,
@@ -25,7 +24,7 @@ from support.processes import (
 )
 
 from agentledger.agent_kinds import validate_definition
-from agentledger.agent_kinds.storage import langgraph_checkpointer, setup_framework_storage
+from agentledger.agent_kinds.storage import langgraph_checkpointer
 from ingest.cancel import request_cancel
 
 GRAPH = "framework_agents.lg_graphs:graph"
@@ -41,15 +40,13 @@ PRICING = {"fake-model": {"input_per_million": 2.0, "output_per_million": 8.0}}
 
 
 @pytest.fixture
-def lg_db(db, db_url):
-    setup_framework_storage(db_url)
-    return db
+def lg_db(fw_db):
+    return fw_db
 
 
 @pytest.fixture
-def executors(lg_db):
-    with ExecutorPool(lg_db) as pool:
-        yield pool
+def executors(fw_executors):
+    return fw_executors
 
 
 def graph_agent(db, agent_id="weather", graph=GRAPH, **params) -> str:

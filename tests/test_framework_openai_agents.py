@@ -9,7 +9,6 @@ from support.factories import make_agent, make_session, post
 from support.frameworks import answer_of, answered, ask, two_turns_in_a_worker
 from support.gates import hold_the_plodder
 from support.processes import (
-    ExecutorPool,
     assert_one_terminal_event,
     events,
     run,
@@ -21,7 +20,6 @@ from support.processes import (
 )
 
 from agentledger.agent_kinds import validate_definition
-from agentledger.agent_kinds.storage import setup_framework_storage
 from ingest.cancel import request_cancel
 
 AGENT = "framework_agents.sdk_agents:assistant"
@@ -29,15 +27,13 @@ PRICING = {"fake-sdk-model": {"input_per_million": 3.0, "output_per_million": 12
 
 
 @pytest.fixture
-def sdk_db(db, db_url):
-    setup_framework_storage(db_url)
-    return db
+def sdk_db(fw_db):
+    return fw_db
 
 
 @pytest.fixture
-def executors(sdk_db):
-    with ExecutorPool(sdk_db) as pool:
-        yield pool
+def executors(fw_executors):
+    return fw_executors
 
 
 def sdk_agent(db, agent_id="assistant", agent=AGENT, **params) -> str:
