@@ -389,6 +389,10 @@ def run_langgraph(ctx: RunContext) -> str | None:
 def _checkpointer(ctx: RunContext) -> Iterator[Any]:
     """LangGraph's own saver on the ledger database, or, for an executor without database
     access, the saver that asks the ledger server to use that same saver there."""
+    if ctx.storage is not None:
+        with ctx.storage.checkpoints.saver() as saver:
+            yield saver
+        return
     if ctx.database_url:
         with langgraph_checkpointer(ctx.database_url) as saver:
             yield saver

@@ -211,6 +211,11 @@ def _session(ctx: RunContext) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The thread's session and what closes it: the SDK's own ``SQLAlchemySession`` on the
     ledger database, or, for an executor without database access, the session that asks the
     ledger server to use that same session there."""
+    if ctx.storage is not None:
+        from agentledger.agent_kinds.shared_session import SharedEngineSession
+
+        shared = SharedEngineSession(ctx.storage.sessions, ctx.thread_id)
+        return shared, shared.close
     if ctx.database_url:
         session = sdk_session(ctx.thread_id, ctx.database_url)
         return session, session.engine.dispose

@@ -6,7 +6,10 @@ import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from agentledger.agent_kinds.storage import FrameworkStorage
 
 
 class RunCancelled(Exception):
@@ -85,6 +88,9 @@ class RunContext:
     # routes (``memory``; the same tables behind them).
     database_url: str | None = None
     memory: MemoryPort | None = field(default=None, repr=False)
+    # The frameworks' memory on that database, shared by the executor's runs (their
+    # connections kept from run to run); None: a run opens its own on ``database_url``.
+    storage: FrameworkStorage | None = field(default=None, repr=False)
     # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
     completion: dict[str, Any] = field(default_factory=dict)
     history_source: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)

@@ -15,9 +15,7 @@ opening them per request cost more than the request's own work.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -32,16 +30,10 @@ from agentledger.agent_kinds.memory_wire import (
     tuple_to_json,
 )
 from agentledger.agent_kinds.storage import (
-    SDK_POOL_NAME,
-    langgraph_checkpointer,
+    FrameworkStorage,
     langgraph_installed,
     openai_agents_installed,
-    postgres_checkpoint_pool,
-    postgres_checkpointer,
-    sdk_engine,
-    sdk_session,
 )
-from agentledger.core.database import backend_name
 from agentledger.core.errors import FrameworkUnavailable, ValidationFailed
 from agentledger.core.hashing import storable_json
 
@@ -66,26 +58,13 @@ def _refusal(exc: RefusedValue, what: str) -> ValidationFailed:
 
 
 class ServedMemory:
-    """The memory routes' connections to the ledger database, opened by the first request that
-    needs them and kept for the life of the serving process (``close`` ends them).
-
-    Opening them per request cost more than the work: on PostgreSQL a saver's own connection
-    took 4-10 ms against 0.2-0.4 ms for ``get_tuple`` on an open one, and an SDK session's engine
-    16 ms. So LangGraph's PostgreSQL saver takes a connection from a pool for each call (on
-    SQLite a request opens the file, which costs about 0.1 ms), and the SDK's sessions share one
-    asyncio engine. An engine's connections belong to the event loop that opened them while each
-    request has a thread of the web server, so the sessions run on one event loop thread of
-    their own.
-    """
+    """The memory routes' connections to the ledger database (``FrameworkStorage``), opened by
+    the first request that needs them and kept for the life of the serving process (``close``
+    ends them): opening them per request cost more than the request's own work."""
 
     def __init__(self, url: str, *, max_connections: int = 8):
         self.url = url
-        self.max_connections = max_connections
-        self._lock = threading.Lock()
-        self._pool: Any = None
-        self._engine: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
+        self.storage = FrameworkStorage(url, max_connections=max_connections)
 
     @contextmanager
     def saver(self, allowed: Allowed) -> Iterator[Any]:
@@ -96,19 +75,10 @@ class ServedMemory:
                                        "(pip install 'agentledger[langgraph]')")
         serde = strict_serializer(allowed)
         try:
-            if backend_name(self.url) == "sqlite":
-                with langgraph_checkpointer(self.url, serde=serde) as saver:
-                    yield saver
-            else:
-                yield postgres_checkpointer(self._checkpoint_pool(), serde=serde)
+            with self.storage.checkpoints.saver(serde=serde) as saver:
+                yield saver
         except RefusedValue as exc:  # read back from the database
             raise _refusal(exc, "the thread's stored checkpoint") from None
-
-    def _checkpoint_pool(self) -> Any:
-        with self._lock:
-            if self._pool is None:
-                self._pool = postgres_checkpoint_pool(self.url, max_size=self.max_connections)
-            return self._pool
 
     def on_session(self, thread_id: str, use: Callable[[Any], Awaitable[T]]) -> T:
         """``use(session)`` on the thread's SDK session, on the sessions' event loop."""
@@ -116,34 +86,10 @@ class ServedMemory:
             raise FrameworkUnavailable("this ledger server cannot serve Agents SDK sessions: "
                                        "install the openai-agents extra on it "
                                        "(pip install 'agentledger[openai-agents]')")
-        with self._lock:
-            if self._loop is None:
-                named = ({} if backend_name(self.url) == "sqlite" else
-                         {"connect_args": {"application_name": SDK_POOL_NAME}})
-                self._engine = sdk_engine(self.url, pool_pre_ping=True,
-                                          pool_size=self.max_connections, **named)
-                self._loop = asyncio.new_event_loop()
-                self._loop_thread = threading.Thread(target=self._loop.run_forever,
-                                                     name="agentledger-sdk-sessions", daemon=True)
-                self._loop_thread.start()
-            loop, engine = self._loop, self._engine
-
-        async def call() -> T:
-            return await use(sdk_session(thread_id, self.url, engine=engine))
-
-        return asyncio.run_coroutine_threadsafe(call(), loop).result()
+        return self.storage.sessions.call(thread_id, use)
 
     def close(self) -> None:
-        with self._lock:
-            pool, engine, loop, thread = self._pool, self._engine, self._loop, self._loop_thread
-            self._pool = self._engine = self._loop = self._loop_thread = None
-        if pool is not None:
-            pool.close()
-        if loop is not None and thread is not None:
-            asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            loop.close()
+        self.storage.close()
 
 
 def _load(saver: Any, value: dict[str, Any], what: str) -> Any:

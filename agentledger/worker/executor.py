@@ -36,6 +36,7 @@ from agentledger.agent_kinds import (
     kind_for,
     unbind_current_run,
 )
+from agentledger.agent_kinds.storage import FrameworkStorage
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.dialect import QUEUE_CHANNEL
@@ -104,6 +105,10 @@ class Executor:
             assert db is not None, "an executor needs a database or a backend"
             backend = DatabaseBackend(db, instance_id, notifier)
         self.backend: ExecutorBackend = backend
+        # The frameworks' memory for this executor's runs on its database: connections opened
+        # by the first run that needs them, at most one per slot, closed by ``stop``.
+        self.storage = (FrameworkStorage(db.url, max_connections=concurrency)
+                        if db is not None else None)
         self.notifier = backend.notifier
         self._slots = threading.Condition()
         self._busy = 0
@@ -164,6 +169,8 @@ class Executor:
         ended = self.backend.interrupt_held(reason, held)
         if ended:
             log.warning("%s: stopping; interrupted %d run(s) (%s)", self.instance_id, len(ended), reason)
+        if self.storage is not None:
+            self.storage.close()
         return ended
 
     @property
@@ -252,6 +259,7 @@ class Executor:
                              context=run.context, port=self,
                              history_source=functools.partial(self.backend.history, run.run_id),
                              database_url=self.db.url if self.db is not None else None,
+                             storage=self.storage,
                              memory=self.backend.memory(run.run_id))
             unfinished = ctx.unfinished
             if run.history is not None:  # read with the claim (an executor over the API)
