@@ -13,9 +13,12 @@ What it does, in order, in one process:
 3. ``otlp``: the OTLP receiver in-process on the bench database, 32 protobuf batches of 512 spans
    (4 with ``--quick``) and the same batches again (a duplicate export), vs the same span rows
    stored with plain psycopg ``COPY`` (SQLite: ``executemany``) into a scratch table.
-4. ``peer_langgraph``: LangGraph's dev server vs ``agentledger serve`` with its worker, on a
+4. ``cancel``: how long agents of each kind go on after a cancel (``scripted``, ``langgraph``,
+   ``openai-agents``; the contract's bound is 1 s), against ``agentledger serve`` with its worker
+   on a database of its own (``<db>_cancel``, dropped afterwards; a SQLite file on SQLite).
+5. ``peer_langgraph``: LangGraph's dev server vs ``agentledger serve`` with its worker, on a
    trivial workload (skipped with a reason when the peer cannot be installed or started).
-5. ``report``: Markdown and JSON under ``bench/results/`` (timestamped, and ``latest.*``).
+6. ``report``: Markdown and JSON under ``bench/results/`` (timestamped, and ``latest.*``).
 
 Timing: ``time.perf_counter()`` around each complete operation, in the bench process.
 Throughput phases run a fixed time (10 s each; 2 s with ``--quick``) with 4 client threads.

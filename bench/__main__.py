@@ -12,9 +12,11 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
-from bench import dashboards, dataset, http_load, otlp, peer_langgraph, reads, report, sse
+from bench import cancel, dashboards, dataset, http_load, otlp, peer_langgraph, reads, report, sse
 from bench.common import (
     Row,
     Server,
@@ -24,6 +26,7 @@ from bench.common import (
     is_postgres,
     log,
     token,
+    with_database,
 )
 
 DEFAULT_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/agentledger_bench"
@@ -148,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     # In-process, on the bench database: a few seconds, so --quick keeps it (with fewer batches).
     _guarded(rows, "otlp", "OTLP receiver",
              lambda: otlp.rows(url, sizes.otlp_batches))
+    # On a database of its own (dropped afterwards): its runs must not join the data set's.
+    cancel_url = (with_database(url, f"{make_url(url).database}_cancel") if pg
+                  else f"sqlite:///{workdir / 'cancel.db'}")
+    _guarded(rows, "cancel", "cancel latency",
+             lambda: cancel.rows(cancel_url, workdir, sizes.cancel_runs, drop_after=pg))
     _guarded(rows, "peer", "peer comparison",
              lambda: peer_langgraph.run(url, workdir, sizes, skip_peer=args.skip_peer,
                                         workers=args.server_workers))

@@ -50,13 +50,14 @@ class Sizes:
     peer_single: int = 50            # sequential runs at concurrency 1
     peer_seconds: float = 10.0       # each runs/s phase
     otlp_batches: int = 32           # of 512 spans, receiver in-process and over HTTP
+    cancel_runs: int = 20            # runs cancelled per agent kind
     runs: int = 1_000_000            # the data set, unless --runs says otherwise
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(write_seconds=2.0, point_reads=30, list_reads=10, outcome_reads=5,
                    sse_streams=100, sse_appends=40, dashboard_loads=1, peer_single=10,
-                   peer_seconds=3.0, otlp_batches=4, runs=2000)
+                   peer_seconds=3.0, otlp_batches=4, cancel_runs=5, runs=2000)
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -64,7 +65,7 @@ class Sizes:
         bench runs (the test suite's), its figures not comparable with any other run's."""
         return cls(write_seconds=0.5, point_reads=5, list_reads=3, outcome_reads=3,
                    sse_streams=100, sse_appends=10, dashboard_loads=1, peer_single=3,
-                   peer_seconds=1.0, otlp_batches=2, runs=500)
+                   peer_seconds=1.0, otlp_batches=2, cancel_runs=2, runs=500)
 
 
 # ---- the machine's own speed -----------------------------------------------------------------

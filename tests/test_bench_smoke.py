@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from agentledger.core.database import normalize_url
+from bench.cancel import kinds_here
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -59,9 +60,9 @@ def fresh_pg_url():
         pytest.skip(f"PostgreSQL not reachable: {exc}")
     name = f"agentledger_benchsmoke_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    yield url  # the bench creates it (and its ``_peer`` companion, which it drops itself)
+    yield url  # the bench creates it (and its ``_peer`` and ``_cancel`` companions, which it drops)
     with psycopg.connect(_libpq(admin_url), autocommit=True) as admin:
-        for db in (name, f"{name}_peer"):
+        for db in (name, f"{name}_peer", f"{name}_cancel"):
             admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
@@ -81,6 +82,10 @@ def _run_bench(url: str, out: Path) -> dict:
         for name in names:
             assert (section, name) in found, f"missing row {section} / {name}"
     assert not [r for r in result["rows"] if r["status"] == "error"]
+    # Cancel latency: a row per agent kind this machine runs, each from every run it cancelled.
+    cancels = [r for r in result["rows"] if r["section"] == "cancel"]
+    assert sorted(r["name"].split(", ")[1] for r in cancels) == sorted(kinds_here())
+    assert all(r["detail"]["ledger"]["max"] is not None for r in cancels)
     markdown = (out / "latest.md").read_text()
     assert result["config"]["smoke"] and "mode: smoke;" in markdown
     for names in EXPECTED.values():
