@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from agentledger.core import dialect
 from agentledger.core.errors import NotFound, RunTerminal
 from agentledger.core.schema import AgentRun
 from agentledger.core.vocabulary import TERMINAL
@@ -33,9 +34,11 @@ def _cancel_one(session: Session, run_id: str, requested_by: str) -> tuple[str, 
                                 "requested_by": requested_by})],
         ).status
     if status == "running":
-        return status, append_events(
+        after = append_events(
             session, run_id, [("run.cancelling", {"requested_by": requested_by})]
         ).status
+        dialect.notify(session, dialect.CANCEL_CHANNEL, run_id)
+        return status, after
     return status, status
 
 

@@ -32,6 +32,7 @@ from agentledger.agent_kinds import AgentFailed, available_kinds
 from agentledger.app_factory import create_app
 from agentledger.core import dialect
 from agentledger.core.config import Settings
+from agentledger.core.database import Database
 from agentledger.core.schema import Message
 from agentledger.worker import executor as executor_module
 from agentledger.worker.executor import Executor
@@ -273,6 +274,42 @@ def test_cancel_stops_a_script_between_steps_and_is_confirmed_exactly_once(db, e
     # nothing more is ever written
     time.sleep(0.5)
     assert len(events(db, posted.run_id)) == len(evs)
+
+
+def _cancel_a_sleeping_run(db, executors, monkeypatch, cancelling_db) -> float:
+    """Seconds from a cancel request (written through ``cancelling_db``) of a run sleeping in
+    its agent until the run is ``cancelled``, with the executor's monitor looking at its runs
+    only every 30 s: only the cancel's notification can stop the agent sooner."""
+    monkeypatch.setattr(executor_module, "MONITOR_PERIOD", 30.0)
+    sleeper(db, seconds=600)
+    posted = post(db, make_session(db, agent_id="sleeper"), "x")
+    executors.start()
+    wait_until(lambda: "message.delta" in types(db, posted.run_id), timeout=30)
+    asked = time.monotonic()
+    with cancelling_db.write() as s:
+        request_cancel(s, posted.run_id, requested_by="alice")
+    wait_for_status(db, posted.run_id, "cancelled", timeout=25)
+    assert types(db, posted.run_id)[-2:] == ["run.cancelling", "run.cancelled"]
+    return time.monotonic() - asked
+
+
+def test_a_cancel_request_stops_the_agent_at_once_not_at_the_monitors_next_look(
+        db, executors, monkeypatch):
+    """A cancel written in the executor's own process reaches it straight after its commit."""
+    assert _cancel_a_sleeping_run(db, executors, monkeypatch, db) < 5
+
+
+def test_a_cancel_request_from_another_process_reaches_the_executor_through_notify(
+        pg_db, monkeypatch):
+    """On PostgreSQL a cancel committed by another process's connections (here: another pool,
+    whose NOTIFY this process does not take for its own) reaches the executor through
+    ``LISTEN``."""
+    other = Database(pg_db.url)
+    try:
+        with ExecutorPool(pg_db) as executors:
+            assert _cancel_a_sleeping_run(pg_db, executors, monkeypatch, other) < 5
+    finally:
+        other.dispose()
 
 
 @pytest.fixture

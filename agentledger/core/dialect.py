@@ -37,6 +37,9 @@ from agentledger.core.schema import UTCDateTime
 
 EVENTS_CHANNEL = "agentledger_events"
 QUEUE_CHANNEL = "agentledger_queue"
+# A run became ``cancelling`` (payload: its id): its executor stops the agent at once instead
+# of at its monitor's next look at the run.
+CANCEL_CHANNEL = "agentledger_cancel"
 
 
 def name(session: Session) -> str:

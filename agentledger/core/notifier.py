@@ -30,7 +30,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from agentledger.core.config import sqlite_path
-from agentledger.core.dialect import EVENTS_CHANNEL, QUEUE_CHANNEL
+from agentledger.core.dialect import CANCEL_CHANNEL, EVENTS_CHANNEL, QUEUE_CHANNEL
 
 if TYPE_CHECKING:
     from agentledger.core.database import Database
@@ -65,6 +65,7 @@ class EventNotifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._own_writes: list[Callable[[int], bool]] = []
+        self._cancel_listeners: list[Callable[[str], None]] = []
 
     # ---- waiting -------------------------------------------------------------------------
 
@@ -130,6 +131,22 @@ class EventNotifier:
                 self._queue_changed.wait(remaining)
             return self._queue_generation
 
+    # ---- cancel requests -----------------------------------------------------------------
+
+    def on_cancel(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(run_id)`` when a cancel request that made the run ``cancelling``
+        commits, in any process on PostgreSQL, in this one on SQLite. A hint like every
+        notification (one missed while the listener reconnects is not repeated), but never a
+        false one: a run once ``cancelling`` stays so until it ends."""
+        self.ensure_started()
+        with self._lock:
+            self._cancel_listeners.append(listener)
+
+    def off_cancel(self, listener: Callable[[str], None]) -> None:
+        with self._lock:
+            if listener in self._cancel_listeners:
+                self._cancel_listeners.remove(listener)
+
     # ---- signalling ----------------------------------------------------------------------
 
     def hear_commits_of(self, db: Database) -> None:
@@ -143,6 +160,12 @@ class EventNotifier:
 
     def signal(self, channel: str, payload: str) -> None:
         """Record a notification (from the watcher, or from this process's own commits)."""
+        if channel == CANCEL_CHANNEL:
+            with self._lock:
+                listeners = list(self._cancel_listeners)
+            for listener in listeners:  # outside the lock: they take their own
+                listener(payload)
+            return
         with self._lock:
             if channel == QUEUE_CHANNEL:
                 self._queue_generation += 1
@@ -198,6 +221,7 @@ class EventNotifier:
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                 conn.execute(f"LISTEN {QUEUE_CHANNEL}")
+                conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                 self._watching = True
                 # Anything committed while we were not listening is picked up by a re-read.
                 self._wake_all()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class Notifier(Protocol):
     def unsubscribe(self, key: str) -> None: ...
     def generation(self, key: str) -> int: ...
     def wait(self, key: str, seen: int, timeout: float) -> int: ...
+    def on_cancel(self, listener: Callable[[str], None]) -> None: ...
+    def off_cancel(self, listener: Callable[[str], None]) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -167,6 +170,12 @@ class PollingNotifier:
 
     def wait(self, key: str, seen: int, timeout: float) -> int:
         return self._wait(seen, timeout)
+
+    def on_cancel(self, listener: Callable[[str], None]) -> None:
+        pass  # no database to hear: the executor's monitor finds cancel requests by polling
+
+    def off_cancel(self, listener: Callable[[str], None]) -> None:
+        pass
 
     def stop(self) -> None:
         self.signal("", "stop")

@@ -134,6 +134,7 @@ class Executor:
         if leftovers:
             log.warning("%s: interrupted %d run(s) left by a previous start (service_restart)",
                         self.instance_id, len(leftovers))
+        self.notifier.on_cancel(self._cancel_heard)
         for target, name in ((self._claim_loop, "claim"), (self._monitor_loop, "monitor"),
                              (self._flush_loop, "flush")):
             thread = threading.Thread(target=target, name=f"agentledger-{name}", daemon=True)
@@ -143,6 +144,7 @@ class Executor:
 
     def stop(self, *, reason: str = "executor_shutdown", timeout: float = 5.0) -> list[str]:
         """Stop claiming, end this instance's unfinished runs ``interrupted``, and return them."""
+        self.notifier.off_cancel(self._cancel_heard)
         with self._active_lock:
             # Taken with the flag set under the lock, before any run sees the stop: a run that
             # lets go of its run on seeing it (a parent waiting on its children, an agent at
@@ -517,6 +519,14 @@ class Executor:
                 failing.passed()
             except Exception as exc:  # noqa: BLE001 - the next period tries again
                 failing.failed_with(exc)
+
+    def _cancel_heard(self, run_id: str) -> None:
+        """A cancel request of ``run_id`` committed: stop its agent now, not at the monitor's
+        next look (up to ``MONITOR_PERIOD`` later), which stays the safety net."""
+        with self._active_lock:
+            active = self._active.get(run_id)
+        if active is not None:
+            active.cancel.set()
 
     def _poll_statuses(self, actives: list[_Active]) -> None:
         status = self.backend.run_states([a.run_id for a in actives])
