@@ -10,10 +10,9 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from tqdm import tqdm
 
@@ -30,7 +29,6 @@ from agentledger.core.evidence_format import (
     run_problems,
     tree_problems,
 )
-from agentledger.core.schema import AgentRun, ArchivedRun
 from ingest.retention import (
     archivable_roots,
     delete_trees,
@@ -38,6 +36,7 @@ from ingest.retention import (
     prunable_otlp_traces,
     prune_otlp_spans,
 )
+from queries import archived_runs
 
 
 def archive_command(settings: Settings, *, older_than_days: float, out: str, batch_size: int,
@@ -227,7 +226,7 @@ def verify_archive_command(settings: Settings, archive: str, *,
         with db.read(primary=True, transaction=True) if db else nullcontext() as session:
             if session is not None:
                 where = shown_url(settings.database_url)
-                if _archived_anything(session):
+                if archived_runs.archived_anything(session):
                     check.ledger = _Ledger(session, path, check.problems, check.notes)
                 else:
                     check.notes.append(f"the database at {where} has archived nothing: "
@@ -339,10 +338,6 @@ class _FileCheck:
                 "(the ledger keeps it)")
 
 
-def _archived_anything(session: Session) -> bool:
-    return session.execute(select(ArchivedRun.run_id).limit(1)).first() is not None
-
-
 class _Ledger:
     """What the database recorded of the runs it archived (``archived_run``: the file each
     went to and its chain head then), against the file as it is read: a run's head must be
@@ -356,10 +351,7 @@ class _Ledger:
     def __init__(self, session: Session, path: Path, problems: list[EvidenceProblem],
                  notes: list[str]):
         self.session, self.path, self.problems, self.notes = session, path, problems, notes
-        self.names = {name for name in session.execute(
-            select(ArchivedRun.archive_file).distinct()
-            .where(ArchivedRun.archive_file.endswith(path.name, autoescape=True))).scalars()
-            if PurePath(name).name == path.name}
+        self.names = archived_runs.archive_files_named(session, path.name)
         self.waiting: dict[str, tuple[Any, Any]] = {}
         self.recorded_into: Counter[str] = Counter()  # the file each run was recorded into
         self.unknown: list[str] = []
@@ -374,16 +366,11 @@ class _Ledger:
         if not self.waiting:
             return
         ids = list(self.waiting)
-        recorded = {row.run_id: row for row in self.session.execute(
-            select(ArchivedRun.run_id, ArchivedRun.archive_file, ArchivedRun.last_event_seq,
-                   ArchivedRun.last_event_hash).where(ArchivedRun.run_id.in_(ids)))}
-        absent = [rid for rid in ids if rid not in recorded]
-        live = {row.id: (row.last_event_seq, row.last_event_hash) for row in self.session.execute(
-            select(AgentRun.id, AgentRun.last_event_seq, AgentRun.last_event_hash)
-            .where(AgentRun.id.in_(absent)))} if absent else {}
+        recorded = archived_runs.recorded_archives(self.session, ids)
+        live = archived_runs.live_heads(self.session,
+                                        [rid for rid in ids if rid not in recorded])
         for rid, head in self.waiting.items():
-            row = recorded.get(rid)
-            if row is None:
+            if rid not in recorded:
                 if live.get(rid) == head:
                     self.copies_of_live += 1
                 elif rid in live:
@@ -393,12 +380,12 @@ class _Ledger:
                 else:
                     self.unknown.append(rid)
                 continue
-            self.recorded_into[row.archive_file] += 1
-            if (row.last_event_seq, row.last_event_hash) != head:
+            archive_file, (seq, chain) = recorded[rid]
+            self.recorded_into[archive_file] += 1
+            if (seq, chain) != head:
                 self.problems.append(EvidenceProblem(
                     rid, None, "the run differs from what was archived: the database recorded "
-                               f"its chain head as seq {row.last_event_seq}, hash "
-                               f"{row.last_event_hash[:16]}…"))
+                               f"its chain head as seq {seq}, hash {chain[:16]}…"))
         self.waiting = {}
 
     def finish(self, seen: set[str]) -> None:
@@ -429,12 +416,8 @@ class _Ledger:
                               "deletion did not commit; the next archive moves them)")
         if not self.names:
             return
-        for row in self.session.execute(
-                select(ArchivedRun.run_id, ArchivedRun.archive_file)
-                .where(ArchivedRun.archive_file.in_(sorted(self.names)))
-                .order_by(ArchivedRun.archived_at, ArchivedRun.root_run_id, ArchivedRun.run_id)
-                .execution_options(yield_per=5000)):
-            if row.run_id not in seen:
+        for rid, archive_file in archived_runs.runs_archived_into(self.session, self.names):
+            if rid not in seen:
                 self.problems.append(EvidenceProblem(
-                    row.run_id, None, "missing: the database recorded it as archived into "
-                                      f"this file ({row.archive_file})"))
+                    rid, None, "missing: the database recorded it as archived into "
+                               f"this file ({archive_file})"))

@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, delete, exists, func, insert, select
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
+from agentledger.core.archive_format import archive_time_text
 from agentledger.core.schema import (
     AgentRun,
     ArchivedRun,
@@ -31,7 +32,7 @@ from agentledger.core.vocabulary import NON_TERMINAL, TERMINAL
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    return archive_time_text(value) if value is not None else None
 
 
 def archivable_roots(session: Session, *, finished_before: datetime, limit: int | None
