@@ -115,6 +115,8 @@ def cmd_verify(args, settings: Settings) -> int:
         return 2
     for problem in report.problems:
         print(f"TAMPERED run {problem.run_id} seq {problem.seq}: {problem.problem}")
+    for note in report.notes:
+        print(f"NOTE {note}")
     damaged = len({problem.run_id for problem in report.problems})  # a run can have several
     verdict = "OK" if report.ok else f"{damaged} damaged run(s)"
     print(f"{verdict}: {report.runs_checked} runs, {report.events_checked} events checked")

@@ -13,6 +13,7 @@ recorded before the ledger wrote a digest are checked without it. Streams rows i
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agentledger.core.database import outside_transaction
+from agentledger.core.evidence_format import answer_gap, gap_notes, queued_gaps
 from agentledger.core.hashing import GENESIS_HASH, event_hash, sha256_hex, snapshot_sha256
 from agentledger.core.schema import AgentRun, Message, RunEvent
 
@@ -40,6 +42,9 @@ class VerificationReport:
     runs_checked: int
     events_checked: int
     problems: list[ChainProblem]
+    # What the chains of runs recorded before the ledger wrote a digest cannot prove
+    # (``evidence_format.gap_notes``).
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -89,6 +94,7 @@ def verify_chains(
     seen: dict[str, tuple[int, str]] = {}
     current, expected_seq, chain = None, 0, GENESIS_HASH
     events = 0
+    gaps: Counter[str] = Counter()
 
     def close(run: str | None) -> None:
         if run is not None:
@@ -123,10 +129,12 @@ def verify_chains(
         elif row.type == "run.completed":
             answers.add(row.data.get("final_message_id"), row.run_id, row.seq,
                         (row.data.get("content_sha256"),))
+            gaps.update(("answer",) if answer_gap(row.data) else ())
         elif row.seq == 1:
             queued.add(row.run_id, row.run_id, 1, (
                 row.data.get("input_sha256"), row.data.get("agent_snapshot_sha256"),
                 row.data.get("context_pack_sha256")))
+            gaps.update(queued_gaps(row.data))
     close(current)
     answers.check()
     queued.check()
@@ -147,7 +155,9 @@ def verify_chains(
         if chosen is None:
             problems.append(ChainProblem(rid, 1, "events stored for a run that does not exist"))
     problems.sort(key=lambda p: (p.run_id, p.seq))
-    return VerificationReport(runs_checked=len(heads), events_checked=events, problems=problems)
+    return VerificationReport(runs_checked=len(heads), events_checked=events, problems=problems,
+                              notes=gap_notes(gaps, one_answer=False,
+                                                             snapshots_self_checked=False))
 
 
 class _DigestCheck:

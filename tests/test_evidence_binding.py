@@ -280,3 +280,55 @@ def test_the_snapshot_digest_survives_the_database_round_trip(db):
     assert run.agent_execution_snapshot["params"] == params
     assert queued["agent_snapshot_sha256"] == snapshot_sha256(run.agent_execution_snapshot)
     assert queued["context_pack_sha256"] == snapshot_sha256(run.context_pack_snapshot)
+
+
+@pytest.fixture
+def editable_events(tree):
+    """The trigger that refuses updates of events dropped (someone with database access can);
+    restored afterwards on PostgreSQL, whose database the test session shares."""
+    db = tree["db"]
+    with db.engine.begin() as conn:
+        if db.is_postgres:
+            definition = conn.execute(text(
+                "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
+                "WHERE tgname = 'run_event_append_only' AND tgrelid = 'run_event'::regclass"
+            )).scalar_one()
+            conn.exec_driver_sql("DROP TRIGGER run_event_append_only ON run_event")
+        else:
+            conn.exec_driver_sql("DROP TRIGGER run_event_no_update")
+    yield tree
+    if db.is_postgres:
+        with db.engine.begin() as conn:
+            conn.exec_driver_sql(definition)
+
+
+def test_the_database_verify_says_what_runs_recorded_before_the_digests_cannot_prove(
+        editable_events, db_url, capsys, monkeypatch):
+    """The root run's chain as a ledger without the digests recorded it (rewritten and chained
+    anew): ``verify`` passes it, checking what it can, and says in NOTE lines what its chain
+    does not cover, as ``verify --bundle`` and ``--archive`` do."""
+    db, root = editable_events["db"], editable_events["root"]
+    with db.write() as s:
+        stored = s.execute(select(RunEvent.seq, RunEvent.type, RunEvent.data, RunEvent.created_at)
+                           .where(RunEvent.run_id == root).order_by(RunEvent.seq)).all()
+        chain = GENESIS_HASH
+        for seq, type_, data, created_at in stored:
+            data = {k: v for k, v in data.items() if k not in (
+                "input_sha256", "agent_snapshot_sha256", "context_pack_sha256", "content_sha256")}
+            chain = event_hash(chain, root, seq, type_, data, created_at)
+            s.execute(update(RunEvent).where(RunEvent.run_id == root, RunEvent.seq == seq)
+                      .values(data=data, hash=chain))
+        s.execute(update(AgentRun).where(AgentRun.id == root).values(last_event_hash=chain))
+    monkeypatch.setenv("AGENTLEDGER_DATABASE_URL", db_url)
+
+    assert main(["verify"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE")]
+    assert notes == [
+        "NOTE the answer texts of 1 run(s) are not covered by the chain: recorded before "
+        "answers carried content_sha256 (the streamed message.delta texts are)",
+        "NOTE the input of 1 run(s) is not covered by the chain: recorded before run.queued "
+        "carried input_sha256",
+        "NOTE the snapshots of 1 run(s) are not covered by the chain: recorded before "
+        "run.queued carried agent_snapshot_sha256 and context_pack_sha256"], notes
+    with db.read(transaction=True) as s:  # a run with every digest adds no note
+        assert verify_chains(s, run_id=editable_events["child"]).notes == ()

@@ -362,23 +362,37 @@ def legacy_gaps(record: dict[str, Any]) -> tuple[str, ...]:
     ``"input"`` (``input_sha256``), ``"snapshots"`` (``agent_snapshot_sha256`` and
     ``context_pack_sha256``), ``"answer"`` (``run.completed``'s ``content_sha256``)."""
     events = record["events"]
-    gaps = []
+    gaps: list[str] = []
     first = events[0] if events else None
     if first is not None and first["type"] == "run.queued" and isinstance(first["data"], dict):
-        if "input_sha256" not in first["data"]:
-            gaps.append("input")
-        if any(key not in first["data"] for key, _ in SNAPSHOT_DIGESTS):
-            gaps.append("snapshots")
+        gaps += queued_gaps(first["data"])
     last = events[-1] if events else None
     if (last is not None and last["type"] == "run.completed" and isinstance(last["data"], dict)
-            and "content_sha256" not in last["data"]):
+            and answer_gap(last["data"])):
         gaps.append("answer")
     return tuple(gaps)
 
 
-def gap_notes(counts: Mapping[str, int], *, one_answer: bool) -> tuple[str, ...]:
+def queued_gaps(data: dict[str, Any]) -> tuple[str, ...]:
+    """What a ``run.queued``'s data lacks of the digests (``legacy_gaps``' names)."""
+    gaps = []
+    if "input_sha256" not in data:
+        gaps.append("input")
+    if any(key not in data for key, _ in SNAPSHOT_DIGESTS):
+        gaps.append("snapshots")
+    return tuple(gaps)
+
+
+def answer_gap(data: dict[str, Any]) -> bool:
+    """Whether a ``run.completed``'s data lacks ``content_sha256``."""
+    return "content_sha256" not in data
+
+
+def gap_notes(counts: Mapping[str, int], *, one_answer: bool,
+              snapshots_self_checked: bool = True) -> tuple[str, ...]:
     """The notes of ``legacy_gaps`` counted over runs (``one_answer``: a bundle, whose only
-    answer is its message)."""
+    answer is its message; ``snapshots_self_checked``: whether the check holds each snapshot
+    against its own content hash, as the file checks do)."""
     notes = []
     if counts.get("answer"):
         whose = "the answer's text is" if one_answer else \
@@ -391,7 +405,9 @@ def gap_notes(counts: Mapping[str, int], *, one_answer: bool) -> tuple[str, ...]
     if counts.get("snapshots"):
         notes.append(f"the snapshots of {counts['snapshots']} run(s) are not covered by the "
                      "chain: recorded before run.queued carried agent_snapshot_sha256 and "
-                     "context_pack_sha256 (each is still checked against its own content hash)")
+                     "context_pack_sha256"
+                     + (" (each is still checked against its own content hash)"
+                        if snapshots_self_checked else ""))
     return tuple(notes)
 
 
