@@ -15,8 +15,9 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from support.factories import make_agent, make_session, post
+from support.triggers import dropped_trigger
 
 from agentledger.cli import main
 from agentledger.core.hashing import GENESIS_HASH, canonical_json, event_hash, snapshot_sha256
@@ -219,21 +220,9 @@ def test_a_run_queued_before_the_snapshot_digests_verifies_with_a_note(tree, tmp
 
 @pytest.fixture
 def unfrozen(tree):
-    """The trigger that freezes run snapshots dropped (someone with database access can);
-    restored afterwards on PostgreSQL, whose database the test session shares."""
-    db = tree["db"]
-    with db.engine.begin() as conn:
-        if db.is_postgres:
-            definition = conn.execute(text(
-                "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
-                "WHERE tgname = 'agent_run_snapshots_frozen' AND tgrelid = 'agent_run'::regclass"
-            )).scalar_one()
-        conn.exec_driver_sql("DROP TRIGGER agent_run_snapshots_frozen"
-                             + (" ON agent_run" if db.is_postgres else ""))
-    yield tree
-    if db.is_postgres:
-        with db.engine.begin() as conn:
-            conn.exec_driver_sql(definition)
+    """The trigger that freezes run snapshots dropped (someone with database access can)."""
+    with dropped_trigger(tree["db"], "agent_run_snapshots_frozen", "agent_run"):
+        yield tree
 
 
 @pytest.mark.parametrize("column", ["agent_execution_snapshot", "context_pack_snapshot"])
@@ -284,22 +273,10 @@ def test_the_snapshot_digest_survives_the_database_round_trip(db):
 
 @pytest.fixture
 def editable_events(tree):
-    """The trigger that refuses updates of events dropped (someone with database access can);
-    restored afterwards on PostgreSQL, whose database the test session shares."""
-    db = tree["db"]
-    with db.engine.begin() as conn:
-        if db.is_postgres:
-            definition = conn.execute(text(
-                "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
-                "WHERE tgname = 'run_event_append_only' AND tgrelid = 'run_event'::regclass"
-            )).scalar_one()
-            conn.exec_driver_sql("DROP TRIGGER run_event_append_only ON run_event")
-        else:
-            conn.exec_driver_sql("DROP TRIGGER run_event_no_update")
-    yield tree
-    if db.is_postgres:
-        with db.engine.begin() as conn:
-            conn.exec_driver_sql(definition)
+    """The trigger that refuses updates of events dropped (someone with database access can)."""
+    with dropped_trigger(tree["db"], "run_event_append_only", "run_event",
+                         sqlite_names=("run_event_no_update",)):
+        yield tree
 
 
 def test_the_database_verify_says_what_runs_recorded_before_the_digests_cannot_prove(

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, text
 from support.factories import claim, make_agent, make_session, post
 from support.ledger import fresh_database
+from support.triggers import dropped_trigger
 
 from agentledger.core.database import Database
 from agentledger.core.hashing import token_hash
@@ -28,20 +29,9 @@ AGENTLEDGER = shutil.which("agentledger")
 @pytest.fixture
 def unguarded(db):
     """Drop the run_event triggers for this test; restore them afterwards on PostgreSQL."""
-    with db.engine.begin() as conn:
-        if db.is_postgres:
-            definition = conn.execute(text(
-                "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
-                "WHERE tgname = 'run_event_append_only' AND tgrelid = 'run_event'::regclass"
-            )).scalar_one()
-            conn.exec_driver_sql("DROP TRIGGER run_event_append_only ON run_event")
-        else:
-            conn.exec_driver_sql("DROP TRIGGER run_event_no_update")
-            conn.exec_driver_sql("DROP TRIGGER run_event_no_delete")
-    yield db
-    if db.is_postgres:
-        with db.engine.begin() as conn:
-            conn.exec_driver_sql(definition)
+    with dropped_trigger(db, "run_event_append_only", "run_event",
+                         sqlite_names=("run_event_no_update", "run_event_no_delete")):
+        yield db
 
 
 @pytest.fixture
