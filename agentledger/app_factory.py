@@ -49,7 +49,7 @@ def create_app(
     from agentledger.api import blueprint
     from agentledger.web.error_envelope import register_error_handlers
     from agentledger.web.login import web_auth
-    from agentledger.web.metrics import install_metrics
+    from agentledger.web.metrics import install_metrics, start_request_clock_first
 
     app.register_blueprint(blueprint)
     app.register_blueprint(web_auth)
@@ -72,4 +72,5 @@ def create_app(
     # one replica-or-primary decision (``Database.begin_read_scope``).
     app.before_request_funcs.setdefault(None, []).insert(0, db.begin_read_scope)
     app.teardown_request(lambda _exc: db.end_read_scope())
+    start_request_clock_first(app)
     return app

@@ -235,6 +235,24 @@ def test_a_path_nothing_serves_is_unmatched_whatever_the_method(db, app):
     assert answered["GET", "/no/such/page"] == "200"  # the shell: Dash shows its 404 page
 
 
+def test_a_request_a_hook_refuses_is_timed_too(db, app):
+    """A browser POST without its CSRF header is refused before any route runs (403): it is
+    counted and timed under its route like any other answer."""
+    keys = make_tokens(db, ROLES)
+    http = app(metrics_public=True)
+    client = http.client
+    assert client.get(f"/login?token={keys['user']}").status_code == 303  # a cookie session
+    labels = {"route": "/api/sessions", "method": "POST", "status": "403"}
+    before = samples(http.request("GET", "/metrics").text).get(
+        ("agentledger_http_request_duration_seconds_count", frozenset(labels.items())), 0)
+    for _ in range(2):
+        refused = client.post("/api/sessions", json={"agent_id": "planner"})
+        assert refused.status_code == 403 and refused.json["error"]["code"] == "forbidden"
+    after = value(samples(http.request("GET", "/metrics").text),
+                  "agentledger_http_request_duration_seconds_count", **labels)
+    assert after == before + 2
+
+
 @needs_promtool
 def test_the_alerting_rules_pass_promtool():
     checked = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True,

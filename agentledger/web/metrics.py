@@ -183,5 +183,11 @@ def _observed(response: Response) -> Response:
 
 def install_metrics(app: Flask) -> None:
     app.register_blueprint(metrics_blueprint)
-    app.before_request(_started)
     app.after_request(_observed)
+
+
+def start_request_clock_first(app: Flask) -> None:
+    """Start each request's clock in the first before-request hook of all (call it once every
+    other hook is registered): a request that an earlier hook answers itself, such as a CSRF
+    refusal, is then timed and counted like any other (``after_request`` sees every response)."""
+    app.before_request_funcs.setdefault(None, []).insert(0, _started)
