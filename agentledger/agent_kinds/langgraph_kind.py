@@ -21,7 +21,7 @@ from agentledger.agent_kinds import code_agents
 from agentledger.agent_kinds.code_agents import Unavailable
 from agentledger.agent_kinds.framework_thread import WriteFence, run_in_own_thread
 from agentledger.agent_kinds.run_context import AGENT_RAISES, AgentFailed, RunContext
-from agentledger.agent_kinds.storage import langgraph_checkpointer, langgraph_installed
+from agentledger.agent_kinds.storage import langgraph_installed
 
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
@@ -372,7 +372,7 @@ def run_langgraph(ctx: RunContext) -> str | None:
     if not langgraph_installed():
         raise AgentFailed(f"kind langgraph needs the langgraph extra on this worker ({EXTRA})",
                           code="agent_unavailable")
-    if not ctx.database_url and ctx.memory is None:
+    if ctx.storage is None and ctx.memory is None:
         raise AgentFailed("kind langgraph keeps its checkpoints in the ledger database; this "
                           "executor has neither database access nor a ledger server to keep "
                           "them", code="agent_unavailable")
@@ -391,10 +391,6 @@ def _checkpointer(ctx: RunContext) -> Iterator[Any]:
     access, the saver that asks the ledger server to use that same saver there."""
     if ctx.storage is not None:
         with ctx.storage.checkpoints.saver() as saver:
-            yield saver
-        return
-    if ctx.database_url:
-        with langgraph_checkpointer(ctx.database_url) as saver:
             yield saver
         return
     from agentledger.agent_kinds.remote_checkpointer import RemoteCheckpointSaver

@@ -23,7 +23,7 @@ from agentledger.agent_kinds import code_agents
 from agentledger.agent_kinds.code_agents import Unavailable
 from agentledger.agent_kinds.framework_thread import CANCEL_POLL, WriteFence, run_in_own_thread
 from agentledger.agent_kinds.run_context import AGENT_RAISES, AgentFailed, RunCancelled, RunContext
-from agentledger.agent_kinds.storage import openai_agents_installed, sdk_session
+from agentledger.agent_kinds.storage import openai_agents_installed
 
 EXTRA = "pip install 'agentledger[openai-agents]'"
 # The session's methods that change the thread's conversation.
@@ -216,9 +216,6 @@ def _session(ctx: RunContext) -> tuple[Any, Callable[[], Awaitable[None]]]:
 
         shared = SharedEngineSession(ctx.storage.sessions, ctx.thread_id)
         return shared, shared.close
-    if ctx.database_url:
-        session = sdk_session(ctx.thread_id, ctx.database_url)
-        return session, session.engine.dispose
     from agentledger.agent_kinds.remote_session import RemoteSession
 
     assert ctx.memory is not None
@@ -266,7 +263,7 @@ def run_openai_agent(ctx: RunContext) -> str | None:
     if not openai_agents_installed():
         raise AgentFailed(f"kind openai-agents needs the openai-agents extra on this worker ({EXTRA})",
                           code="agent_unavailable")
-    if not ctx.database_url and ctx.memory is None:
+    if ctx.storage is None and ctx.memory is None:
         raise AgentFailed("kind openai-agents keeps its sessions in the ledger database; this "
                           "executor has neither database access nor a ledger server to keep "
                           "them", code="agent_unavailable")

@@ -84,13 +84,11 @@ class RunContext:
     history: list[dict[str, Any]] = _ReadWhenAsked()  # type: ignore[assignment]
     answer_parts: list[str] = field(default_factory=list)
     # Where kinds that keep their framework's own memory (checkpoints, sessions) find it: the
-    # ledger database, or, for an executor that works through the API only, the server's memory
-    # routes (``memory``; the same tables behind them).
-    database_url: str | None = None
-    memory: MemoryPort | None = field(default=None, repr=False)
-    # The frameworks' memory on that database, shared by the executor's runs (their
-    # connections kept from run to run); None: a run opens its own on ``database_url``.
+    # ledger database, through the executor's connections to it (``storage``), or, for an
+    # executor that works through the API only, the server's memory routes (``memory``; the same
+    # tables behind them).
     storage: FrameworkStorage | None = field(default=None, repr=False)
+    memory: MemoryPort | None = field(default=None, repr=False)
     # Extra keys of the run's ``run.completed`` data (e.g. ``awaiting_input`` of a paused graph).
     completion: dict[str, Any] = field(default_factory=dict)
     history_source: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
@@ -98,6 +96,11 @@ class RunContext:
     # code, ``framework_thread``): fenced off from the run, they still work for it, so the
     # executor keeps the run's slot until they end.
     unfinished: list[threading.Thread] = field(default_factory=list, repr=False)
+
+    @property
+    def database_url(self) -> str | None:
+        """The ledger database's URL, when this executor has access to it."""
+        return self.storage.url if self.storage is not None else None
 
     @property
     def params(self) -> dict[str, Any]:

@@ -63,7 +63,6 @@ class ServedMemory:
     ends them): opening them per request cost more than the request's own work."""
 
     def __init__(self, url: str, *, max_connections: int = 8):
-        self.url = url
         self.storage = FrameworkStorage(url, max_connections=max_connections)
 
     @contextmanager

@@ -260,7 +260,6 @@ class Executor:
                              context_pack_snapshot=run.context_pack_snapshot,
                              context=run.context, port=self,
                              history_source=functools.partial(self.backend.history, run.run_id),
-                             database_url=self.db.url if self.db is not None else None,
                              storage=self.storage,
                              memory=self.backend.memory(run.run_id))
             unfinished = ctx.unfinished
