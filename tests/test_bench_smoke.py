@@ -45,6 +45,17 @@ EXPECTED = {
 }
 
 
+def bench_command(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m <args>`` from the repository, without this shell's AGENTLEDGER_ settings;
+    it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
 def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -67,12 +78,7 @@ def fresh_pg_url():
 
 
 def _run_bench(url: str, out: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
-    env["PYTHONWARNINGS"] = "ignore"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--db", url, "--smoke", "--skip-peer", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    bench_command("bench", "--db", url, "--smoke", "--skip-peer", "--out", str(out), timeout=400)
     assert (out / "latest.md").is_file() and (out / "latest.json").is_file()
     stamped = [p for p in out.iterdir() if p.name[0].isdigit()]
     assert {p.suffix for p in stamped} == {".md", ".json"}
@@ -121,13 +127,8 @@ def test_smoke_bench_on_sqlite(tmp_path):
 def test_sqlite_peer_bench_writes_its_rows(tmp_path):
     """``python -m bench.sqlite_peer``: the peer workload on a fresh SQLite file, its rows in a
     Markdown and a JSON file of their own (``latest.md`` is the full PostgreSQL run's)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
-    env["PYTHONWARNINGS"] = "ignore"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.sqlite_peer", "--smoke", "--skip-peer",
-         "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    bench_command("bench.sqlite_peer", "--smoke", "--skip-peer", "--out", str(tmp_path),
+                  timeout=240)
     [written] = tmp_path.glob("sqlite-peer-*.json")
     result = json.loads(written.read_text())
     assert result["machine"]["database"] == "sqlite"
@@ -141,12 +142,7 @@ def test_sqlite_peer_bench_writes_its_rows(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
-    env["PYTHONWARNINGS"] = "ignore"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.ingest_cpu", "--db", fresh_pg_url, "--ops", "20"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    done = bench_command("bench.ingest_cpu", "--db", fresh_pg_url, "--ops", "20", timeout=240)
     lines = {line.split("|")[1].strip(): line for line in done.stdout.splitlines()
              if line.startswith("| ") and not line.startswith("| operation")}
     assert set(lines) == {"run creation", "append, batch of 1", "append, batch of 100"}
@@ -168,12 +164,7 @@ def test_storage_bench_sizes_plain_and_partitioned_tables_and_archives(fresh_pg_
     create_pg_database(fresh_pg_url)
     upgrade(fresh_pg_url)
     seed(Settings(database_url=fresh_pg_url), runs=30, days=40, seed=3)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
-    env["PYTHONWARNINGS"] = "ignore"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.storage", "--db", fresh_pg_url, "--archive-days", "29"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    done = bench_command("bench.storage", "--db", fresh_pg_url, "--archive-days", "29", timeout=240)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
             for line in done.stdout.splitlines() if line.startswith("| ")}
     for table in ("run_event", "agent_run", "message"):

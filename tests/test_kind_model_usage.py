@@ -34,6 +34,15 @@ def assert_priced(usage_events: list[dict], priced: set[str]) -> None:
             assert usage["cost_usd"] is None, usage  # unknown, never zero
 
 
+def first_turn(db, executors, kind: str, params: dict, text: str) -> tuple[str, str]:
+    """An agent of ``kind`` registered with ``params``, a session of it, an executor, and the
+    session's first message answered: (the session, its run)."""
+    make_agent(db, "agent", kind=kind, params=params)
+    session = make_session(db, agent_id="agent")
+    executors.start()
+    return session, answered(db, session, text)
+
+
 # ---- LangGraph: usage from the model calls themselves, not from the state's messages -------
 
 LG = "framework_agents.lg_side_calls"
@@ -46,11 +55,8 @@ SIDE_CALLS = sorted([("fake-classifier", 10, 3), ("fake-router", 10, 3),
 
 def test_langgraph_calls_kept_out_of_messages_are_each_counted_once(fw_db, fw_executors):
     pricing = {m: PRICES for m in ("fake-classifier", "fake-router", "fake-model")}
-    make_agent(fw_db, "sider", kind="langgraph",
-               params={"graph": f"{LG}:side_calls", "pricing": pricing})
-    session = make_session(fw_db, agent_id="sider")
-    fw_executors.start()
-    first = answered(fw_db, session, "hello")
+    session, first = first_turn(fw_db, fw_executors, "langgraph",
+                                {"graph": f"{LG}:side_calls", "pricing": pricing}, "hello")
     assert answer_of(fw_db, first) == "Hello, you said: hello."
     # A classifier node (reply in ``label``), a router edge (reply dropped), the answer (in
     # ``messages``) and a streamed summary (in ``summary``): four responses, four events.
@@ -86,11 +92,8 @@ TEAM_CALLS = sorted([("fake-sdk-model", 10, 1), ("fake-specialist", 10, 6),
 
 def test_sdk_agents_run_as_tools_have_their_usage_counted_once(fw_db, fw_executors):
     pricing = {m: PRICES for m in ("fake-sdk-model", "fake-specialist", "fake-lead")}
-    make_agent(fw_db, "manager", kind="openai-agents",
-               params={"agent": f"{SDK}:manager", "pricing": pricing})
-    session = make_session(fw_db, agent_id="manager")
-    fw_executors.start()
-    first = answered(fw_db, session, "go")
+    session, first = first_turn(fw_db, fw_executors, "openai-agents",
+                                {"agent": f"{SDK}:manager", "pricing": pricing}, "go")
     assert answer_of(fw_db, first) == ("Researcher here, about: ask_researcher: ask_lead: go. | "
                                        "Specialist here, about: ask_specialist: go.")
     assert calls(fw_db, first) == TEAM_CALLS

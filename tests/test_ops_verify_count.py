@@ -6,23 +6,15 @@ from __future__ import annotations
 import re
 
 from sqlalchemy import text
-from support.factories import claim, make_agent, make_session, post
+from support.factories import answered_run, make_agent
 
 from agentledger.cli import main
-from ingest.events import append_events
 
 
 def test_a_run_with_several_problems_is_one_damaged_run(db, db_url, capsys, monkeypatch):
     make_agent(db, "echo")
-    runs = []
-    for name in "ab":
-        run_id = post(db, make_session(db), f"question {name}").run_id
-        [claimed] = claim(db, "worker-1")
-        assert claimed.run_id == run_id
-        with db.write() as s:
-            append_events(s, run_id, [("message.delta", {"text": f"answer {name}"}),
-                                      ("run.completed", {})], executor_instance_id="worker-1")
-        runs.append(run_id)
+    runs = [answered_run(db, f"question {name}", [("message.delta", {"text": f"answer {name}"}),
+                                                   ("run.completed", {})]) for name in "ab"]
     victim = runs[0]
     with db.engine.begin() as conn:  # behind the application's back
         conn.execute(text("UPDATE agent_run SET input = 'forged' WHERE id = :r"), {"r": victim})

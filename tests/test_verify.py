@@ -12,14 +12,13 @@ import subprocess
 
 import pytest
 from sqlalchemy import select, text
-from support.factories import claim, make_agent, make_session, post
+from support.factories import answered_run, make_agent, make_session, post
 from support.ledger import fresh_database
 from support.triggers import dropped_trigger
 
 from agentledger.core.database import Database
 from agentledger.core.hashing import token_hash
 from agentledger.core.schema import ApiToken
-from ingest.events import append_events
 from queries import chain_verification
 from queries.chain_verification import ChainProblem, verify_chains
 
@@ -39,19 +38,10 @@ def ledger(unguarded):
     """Three finished runs of 5 events each: a, b (the victim) and c."""
     db = unguarded
     make_agent(db, "echo")
-    runs = []
-    for name in "abc":
-        run_id = post(db, make_session(db), f"question {name}").run_id
-        [c] = claim(db, "worker-1")
-        assert c.run_id == run_id
-        with db.write() as s:
-            append_events(s, run_id, [("message.delta", {"text": f"answer {name}"}),
-                                      ("usage", {"input_tokens": 1, "output_tokens": 2,
-                                                 "cost_usd": 0.5}),
-                                      ("run.completed", {})],
-                          executor_instance_id="worker-1")
-        runs.append(run_id)
-    return runs
+    return [answered_run(db, f"question {name}", [
+        ("message.delta", {"text": f"answer {name}"}),
+        ("usage", {"input_tokens": 1, "output_tokens": 2, "cost_usd": 0.5}),
+        ("run.completed", {})]) for name in "abc"]
 
 
 def tamper(db, sql: str, **params) -> None:

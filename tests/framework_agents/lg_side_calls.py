@@ -84,16 +84,20 @@ def join(state: SideState) -> dict[str, Any]:
     return {"messages": [AIMessage(content=" + ".join(sorted(state["notes"][-2:])))]}
 
 
-# Two nodes of one step consult a model at the same time (LangGraph runs them in threads).
-parallel_calls = StateGraph(SideState)
-parallel_calls.add_node("left", left)
-parallel_calls.add_node("right", right)
-parallel_calls.add_node("join", join)
-parallel_calls.add_edge(START, "left")
-parallel_calls.add_edge(START, "right")
-parallel_calls.add_edge("left", "join")
-parallel_calls.add_edge("right", "join")
-parallel_calls.add_edge("join", END)
+def fan_out_and_in(state: type, first, second, then) -> StateGraph:
+    """``first`` and ``second`` in one step (LangGraph runs them in threads), then ``then``."""
+    graph = StateGraph(state)
+    for node in (first, second, then):
+        graph.add_node(node.__name__, node)
+    for node in (first, second):
+        graph.add_edge(START, node.__name__)
+        graph.add_edge(node.__name__, then.__name__)
+    graph.add_edge(then.__name__, END)
+    return graph
+
+
+# Two nodes of one step consult a model at the same time.
+parallel_calls = fan_out_and_in(SideState, left, right, join)
 
 
 # ---- two nodes of one step interrupt (LangGraph then has two pending interrupts) ------------
@@ -113,15 +117,7 @@ def plan(state: MessagesState) -> dict[str, Any]:
     return {"messages": [AIMessage(content="Plan with " + " and ".join(answers) + ".")]}
 
 
-parallel_asking = StateGraph(MessagesState)
-parallel_asking.add_node("dates", ask_dates)
-parallel_asking.add_node("budget", ask_budget)
-parallel_asking.add_node("plan", plan)
-parallel_asking.add_edge(START, "dates")
-parallel_asking.add_edge(START, "budget")
-parallel_asking.add_edge("dates", "plan")
-parallel_asking.add_edge("budget", "plan")
-parallel_asking.add_edge("plan", END)
+parallel_asking = fan_out_and_in(MessagesState, ask_dates, ask_budget, plan)
 
 
 # ---- a node that exits the interpreter (``sys.exit()``) or raises KeyboardInterrupt --------

@@ -49,3 +49,17 @@ def claim(db: Database, instance: str = "worker-1", *, max_runs: int = 10,
           lease_seconds: float = 30):
     with db.write() as s:
         return claim_runs(s, instance, max_runs=max_runs, lease_seconds=lease_seconds)
+
+
+def answered_run(db: Database, question: str, events: list[tuple[str, dict]], *,
+                 instance: str = "worker-1") -> str:
+    """A run of a new session's ``question``, claimed by ``instance``, which appends ``events``
+    (ending it); its id. The only queued run when called."""
+    from ingest.events import append_events
+
+    run_id = post(db, make_session(db), question).run_id
+    [claimed] = claim(db, instance)
+    assert claimed.run_id == run_id
+    with db.write() as s:
+        append_events(s, run_id, events, executor_instance_id=instance)
+    return run_id
