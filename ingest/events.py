@@ -34,7 +34,6 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
@@ -573,6 +572,39 @@ def _events_in_advance(rows: list[tuple], now: datetime) -> dict[str, Any]:
             "events_data": [r[3] for r in rows], "events_hash": [r[5] for r in rows]}
 
 
+@functools.cache
+def _optimistic_append(many: bool, changed: tuple[str, ...]):
+    """An optimistic append's one statement (PostgreSQL): the compare-and-set of the head as a
+    data-modifying CTE, and the events inserted only when it moved the head. All of a
+    statement's CTEs run on one snapshot whether or not anything reads them, so events
+    inserted beside the compare-and-set (as the locked path's are) would collide with the seqs
+    of a writer that won the race (a unique violation: an ``ERROR`` in the server's log for
+    every lost race, such as a cancel arriving during a stream); reading ``advanced`` makes
+    the insert wait for the compare-and-set and write nothing when it failed. Built once per
+    shape (one event or a few; ``changed``: the columns the advance sets, ``set_*``
+    parameters). Its row count is the number of events inserted: 0 when the head moved."""
+    t = AgentRun.__table__
+    advanced = (update(t)
+                .where(t.c.id == bindparam("run_id_"), t.c.status == bindparam("status_"),
+                       t.c.last_event_seq == bindparam("last_event_seq_"))
+                .values(**{c: bindparam(f"set_{c}", type_=t.c[c].type) for c in changed})
+                .returning(func.pg_notify(literal(dialect.EVENTS_CHANNEL), t.c.id))
+                .cte("advanced"))
+    events = RunEvent.__table__
+    if many:
+        rows = select(bindparam("events_run_id", type_=events.c.run_id.type), _NEW_EVENTS.c.seq,
+                      _NEW_EVENTS.c.type, sql_cast(_NEW_EVENTS.c.data, JSONB),
+                      bindparam("events_created_at", type_=events.c.created_at.type),
+                      _NEW_EVENTS.c.hash)
+    else:
+        rows = select(*(bindparam(name, type_=events.c[column].type)
+                        for name, column in zip(_APPENDED_EVENT_PARAMS, _EVENT_COLUMNS,
+                                                strict=True)))
+    return (insert(events)
+            .from_select(list(_EVENT_COLUMNS), rows.where(exists(select(advanced.c[0]))))
+            .add_cte(advanced))
+
+
 # The run's head as ``lock_run`` reads it, without the lock, and the clock read after it.
 _HEAD = select(*LOCKED_RUN_COLUMNS,
                type_coerce(dialect.clock_column("postgresql"), UTCDateTime).label("now")
@@ -589,10 +621,10 @@ def append_events_alone(db: Database, run_id: str, events: list[tuple[str, dict]
     On PostgreSQL a batch that does not end the run and whose events go in with the head
     advance (at most ``_EVENTS_IN_ADVANCE_MAX``, nothing to redact) is one statement: the run's
     head is read without a lock, then the advance, a compare-and-set on the status and seq that
-    were read, inserts the events in the same statement, which commits alone (no ``BEGIN``, no
-    ``COMMIT``, no row lock held across round trips). If another writer moved the head in
-    between, the compare-and-set fails (or its event's seq is taken: a unique violation), the
-    statement writes nothing, and the append starts again from the new head; after
+    were read, and the events it lets in are one statement (``_optimistic_append``), which
+    commits alone (no ``BEGIN``, no ``COMMIT``, no row lock held across round trips). If
+    another writer moved the head in between, the compare-and-set fails, the statement writes
+    nothing (and is no error), and the append starts again from the new head; after
     ``_OPTIMISTIC_ATTEMPTS`` such losses it waits for the row lock instead. The events are
     stamped with the clock read after the head, so stamps still follow seqs: an append that
     commits read the head after the previous append had committed.
@@ -627,26 +659,22 @@ def _append_alone(alone: AutocommitWrites, run_id: str, events: list[tuple[str, 
     for item in pending:
         values.update(row_changes(item.type, item.data, now))
     rows = _chained(run_id, run, pending, now)
-    values.update(_events_in_advance(rows, now))
     values.update(status=status, last_event_seq=rows[-1][1], last_event_hash=rows[-1][5])
     if key is not None:
         values.update(key.columns(rows[0][1]))
-    advance = _advance_statement(_EVENTS_ONE if len(rows) == 1 else _EVENTS_MANY, False, False)
-    try:
-        updated = alone.write(advance, {"run_id_": run_id, "status_": run.status,
-                                        "last_event_seq_": run.last_event_seq, **values})
-    except IntegrityError as exc:
-        if getattr(exc.orig, "sqlstate", None) == _UNIQUE_VIOLATION:
-            return None  # another append took the seq first
-        raise
-    if updated.rowcount != 1:
+    statement = _optimistic_append(len(rows) > 1, tuple(sorted(values)))
+    inserted = alone.write(statement, {
+        "run_id_": run_id, "status_": run.status, "last_event_seq_": run.last_event_seq,
+        **{f"set_{column}": value for column, value in values.items()},
+        **_events_in_advance(rows, now)})
+    if inserted.rowcount == 0:
         return None  # the head moved: another writer committed in between
+    if inserted.rowcount != len(rows):  # pragma: no cover - the insert is all or nothing
+        raise RuntimeError(f"run {run_id}: {inserted.rowcount} of {len(rows)} events went in")
     alone.notified(dialect.EVENTS_CHANNEL, run_id)
     return AppendResult(run_id=run_id, seqs=[r[1] for r in rows], status=status,
                         cancel_requested=status == "cancelling")
 
-
-_UNIQUE_VIOLATION = "23505"
 
 
 def check_lease(run, executor_instance_id: str, now: datetime) -> None:

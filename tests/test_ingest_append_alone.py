@@ -85,10 +85,12 @@ def test_an_append_alone_is_its_head_read_and_one_unlocked_statement_on_postgres
     assert_chains_ok(pg_db, run_id)
 
 
+@pytest.mark.parametrize("size", [1, 5])
 @pytest.mark.parametrize("competitor", ["delta", "cancel"])
 def test_an_append_alone_that_lost_its_head_starts_again_from_the_new_one_on_postgres(
-        pg_db, competitor):
+        pg_db, competitor, size):
     run_id = _running_run(pg_db)
+    batch = [DELTA] * size
 
     def move_head(n: int) -> None:
         if n > 1:
@@ -100,13 +102,19 @@ def test_an_append_alone_that_lost_its_head_starts_again_from_the_new_one_on_pos
             else:
                 request_cancel(s, run_id, requested_by="alice")
 
-    with before_each_advance(pg_db, move_head) as advances:
-        result = append_events_alone(pg_db, run_id, [DELTA], executor_instance_id="worker-1")
+    failed: list[tuple[str, str | None]] = []
+    with statements_sent(pg_db, failed=failed), before_each_advance(pg_db, move_head) as advances:
+        result = append_events_alone(pg_db, run_id, batch, executor_instance_id="worker-1")
     assert len(advances) == 2  # ours, lost to the competitor's; ours again, from its head
+    # Losing is not an error: the lost attempt wrote nothing and the server refused nothing
+    # (no unique violation on the competitor's seq in the server's log).
+    assert failed == []
     stored = events(pg_db, run_id)
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
-    assert stored[-1].data == {"text": "mine"} and result.seqs == [stored[-1].seq]
-    assert stored[-2].type == ("message.delta" if competitor == "delta" else "run.cancelling")
+    assert [e.data for e in stored[-size:]] == [{"text": "mine"}] * size
+    assert result.seqs == [e.seq for e in stored[-size:]]
+    assert stored[-size - 1].type == ("message.delta" if competitor == "delta"
+                                      else "run.cancelling")
     assert result.cancel_requested is (competitor == "cancel")
     assert result.status == ("running" if competitor == "delta" else "cancelling")
     assert _stamps(pg_db, run_id) == sorted(_stamps(pg_db, run_id))

@@ -15,12 +15,15 @@ from sqlalchemy import event
 
 @contextmanager
 def statements_sent(db, before: Callable[[str], None] | None = None,
-                    states: list[tuple[bool, str]] | None = None) -> Iterator[list[str]]:
+                    states: list[tuple[bool, str]] | None = None,
+                    failed: list[tuple[str, str | None]] | None = None) -> Iterator[list[str]]:
     """The SQL text of every statement ``db``'s connections execute inside the block.
     ``before(sql)`` (PostgreSQL) runs just before each one is sent: a test can make another
     writer act between two statements of the code under test. ``states`` (PostgreSQL) gets,
     for each statement, its connection's autocommit and transaction status (``IDLE`` when no
-    transaction is open) as it is sent."""
+    transaction is open) as it is sent. ``failed`` (PostgreSQL) gets each statement the server
+    refused, with its SQLSTATE, even when the code under test caught the error (the server
+    logged it all the same)."""
     sent: list[str] = []
     if db.is_postgres:
         execute = psycopg.Cursor.execute
@@ -34,7 +37,12 @@ def statements_sent(db, before: Callable[[str], None] | None = None,
                 states.append((conn.autocommit, conn.info.transaction_status.name))
             if before is not None:
                 before(text)
-            return execute(cursor, query, *args, **kwargs)
+            try:
+                return execute(cursor, query, *args, **kwargs)
+            except psycopg.Error as exc:
+                if failed is not None:
+                    failed.append((text, exc.sqlstate))
+                raise
 
         psycopg.Cursor.execute = recording  # type: ignore[method-assign]
         try:
