@@ -47,7 +47,12 @@ from agentledger.core.database import (
 )
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IdempotencyConflict, IllegalTransition, LeaseLost, NotFound
-from agentledger.core.hashing import answer_sha256, canonical_json, event_hash_of_json
+from agentledger.core.hashing import (
+    answer_sha256,
+    canonical_json,
+    chained_hashes,
+    event_hash_of_json,
+)
 from agentledger.core.ids import new_id
 from agentledger.core.outcome_sums import usage_totals
 from agentledger.core.redaction import redactor_of
@@ -548,15 +553,13 @@ def _checked(status: str, events: list[tuple[str, dict]]) -> tuple[str, list[_Pe
 def _chained(run_id: str, run, pending: list[_Pending], now: datetime) -> list[tuple]:
     """The event rows after the run's head: (run_id, seq, type, data JSON, created_at, hash,
     data), with gapless seqs and chained hashes."""
-    seq = run.last_event_seq
-    chain = run.last_event_hash
-    rows = []
-    for item in pending:
-        seq += 1
-        data_json = canonical_json(item.data)
-        chain = event_hash_of_json(chain, run_id, seq, item.type, data_json, now)
-        rows.append((run_id, seq, item.type, data_json, now, chain, item.data))
-    return rows
+    first = run.last_event_seq + 1
+    texts = [canonical_json(item.data) for item in pending]
+    hashes = chained_hashes(run.last_event_hash, run_id, first,
+                            [(item.type, text) for item, text in zip(pending, texts, strict=True)],
+                            now)
+    return [(run_id, first + i, item.type, texts[i], now, hashes[i], item.data)
+            for i, item in enumerate(pending)]
 
 
 def _events_in_advance(rows: list[tuple], now: datetime) -> dict[str, Any]:
