@@ -109,3 +109,11 @@ def test_a_batchs_hashes_are_each_events_own_hash_in_turn():
         expected.append(chain)
     assert chained_hashes("f" * 64, "run_01h", 7, batch, moment) == expected
     assert chained_hashes("f" * 64, "run_01h", 7, [], moment) == []
+
+
+def test_canonical_json_uses_the_shared_c_encoder_on_cpython():
+    # The fallback keeps the text right on a Python whose private encoder changed; on the
+    # Pythons this project supports it must not be taken silently (every event pays for it).
+    from agentledger.core import hashing
+
+    assert hashing._C_CANONICAL is not None

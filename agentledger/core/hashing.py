@@ -28,17 +28,23 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 # drops is the circular-reference check, whose bookkeeping dict a shared encoder could not
 # share between threads: the values are JSON documents, and a cyclic one still fails (with
 # RecursionError instead of ValueError), as storing it would.
-_MAKE_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # None without the C module
-_C_CANONICAL = (
-    _MAKE_C_ENCODER(None, _CANONICAL.default, json.encoder.encode_basestring, None,
+def _c_canonical_encoder() -> Any:
+    make = getattr(json.encoder, "c_make_encoder", None)  # None without the C module
+    if make is None:  # pragma: no cover - CPython has it
+        return None
+    try:
+        return make(None, _CANONICAL.default, json.encoder.encode_basestring, None,
                     _CANONICAL.key_separator, _CANONICAL.item_separator, True, False, True)
-    if _MAKE_C_ENCODER is not None else None
-)
+    except TypeError:  # pragma: no cover - a Python whose private encoder takes other arguments
+        return None  # the public encoder, slower and the same text
+
+
+_C_CANONICAL = _c_canonical_encoder()
 
 
 def canonical_json(value: Any) -> str:
     """Key-sorted, whitespace-free, UTF-8 JSON: the same value always gives the same text."""
-    if _C_CANONICAL is None:  # pragma: no cover - CPython always has the C encoder
+    if _C_CANONICAL is None:  # pragma: no cover - see _c_canonical_encoder
         return _CANONICAL.encode(value)
     return "".join(_C_CANONICAL(value, 0))
 
