@@ -207,12 +207,13 @@ def _unnested(name: str, **columns: tuple[str, Any]):
 # computed over), unnested into rows by the server.
 _NEW_EVENTS = _unnested("new_events", seq=("events_seq", Integer), type=("events_type", Text),
                         data=("events_data", Text), hash=("events_hash", Text))
+_NEW_EVENT_ROWS = select(
+    bindparam("events_run_id", type_=RunEvent.__table__.c.run_id.type), _NEW_EVENTS.c.seq,
+    _NEW_EVENTS.c.type, sql_cast(_NEW_EVENTS.c.data, JSONB),
+    bindparam("events_created_at", type_=RunEvent.__table__.c.created_at.type),
+    _NEW_EVENTS.c.hash)
 _APPENDED_EVENTS = insert(RunEvent.__table__).from_select(
-    ["run_id", "seq", "type", "data", "created_at", "hash"],
-    select(bindparam("events_run_id", type_=RunEvent.__table__.c.run_id.type), _NEW_EVENTS.c.seq,
-           _NEW_EVENTS.c.type, sql_cast(_NEW_EVENTS.c.data, JSONB),
-           bindparam("events_created_at", type_=RunEvent.__table__.c.created_at.type),
-           _NEW_EVENTS.c.hash),
+    ["run_id", "seq", "type", "data", "created_at", "hash"], _NEW_EVENT_ROWS,
 ).cte("appended_events")
 # The ending's assistant message (``msg_*``: not names of agent_run columns, which would be
 # taken for columns to set).
@@ -587,18 +588,11 @@ def _optimistic_append(many: bool, changed: tuple[str, ...]):
     shape (one event or a few; ``changed``: the columns the advance sets, ``set_*``
     parameters). Its row count is the number of events inserted: 0 when the head moved."""
     t = AgentRun.__table__
-    advanced = (update(t)
-                .where(t.c.id == bindparam("run_id_"), t.c.status == bindparam("status_"),
-                       t.c.last_event_seq == bindparam("last_event_seq_"))
-                .values(**{c: bindparam(f"set_{c}", type_=t.c[c].type) for c in changed})
-                .returning(func.pg_notify(literal(dialect.EVENTS_CHANNEL), t.c.id))
-                .cte("advanced"))
+    advanced = _ADVANCE_RUN_NOTIFYING.values(
+        **{c: bindparam(f"set_{c}", type_=t.c[c].type) for c in changed}).cte("advanced")
     events = RunEvent.__table__
     if many:
-        rows = select(bindparam("events_run_id", type_=events.c.run_id.type), _NEW_EVENTS.c.seq,
-                      _NEW_EVENTS.c.type, sql_cast(_NEW_EVENTS.c.data, JSONB),
-                      bindparam("events_created_at", type_=events.c.created_at.type),
-                      _NEW_EVENTS.c.hash)
+        rows = _NEW_EVENT_ROWS
     else:
         rows = select(*(bindparam(name, type_=events.c[column].type)
                         for name, column in zip(_APPENDED_EVENT_PARAMS, _EVENT_COLUMNS,
@@ -677,7 +671,6 @@ def _append_alone(alone: AutocommitWrites, run_id: str, events: list[tuple[str, 
     alone.notified(dialect.EVENTS_CHANNEL, run_id)
     return AppendResult(run_id=run_id, seqs=[r[1] for r in rows], status=status,
                         cancel_requested=status == "cancelling")
-
 
 
 def check_lease(run, executor_instance_id: str, now: datetime) -> None:

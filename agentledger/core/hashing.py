@@ -118,7 +118,7 @@ def _chained_hash(previous_hash: str, stamp_part: str, data_json: str, run_part:
     body = (stamp_part + data_json + run_part
             + (str(seq) if type(seq) is int else canonical_json(seq))
             + ',"type":' + _json_text(type_) + "}")
-    return hashlib.sha256((previous_hash + "\n" + body).encode("utf-8")).hexdigest()
+    return sha256_hex(previous_hash + "\n" + body)
 
 
 def event_hash_of_json(
