@@ -166,6 +166,14 @@ def _check_worker_arguments(parser: argparse.ArgumentParser, args) -> None:
     without ``--api`` the worker would first check (and for SQLite create) the database."""
     if (args.api is None) != (args.token is None):
         parser.error("--api and --token go together (an executor token for that server)")
+    if args.instance_id is not None:
+        from agentledger.core.errors import ValidationFailed
+        from ingest.leases import check_executor_instance_id
+
+        try:
+            check_executor_instance_id(args.instance_id)
+        except ValidationFailed as exc:
+            parser.error(f"--instance-id: {exc}")
 
 
 def cmd_worker(args, settings: Settings) -> int:

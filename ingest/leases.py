@@ -31,7 +31,7 @@ from agentledger.core.database import read_all
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
 from agentledger.core.schema import AgentRun, ContextBlob
-from agentledger.core.vocabulary import ACTIVE, TERMINAL
+from agentledger.core.vocabulary import ACTIVE, RECORDED_EXECUTOR_PREFIX, TERMINAL
 from ingest.events import LOCKED_RUN_COLUMNS, check_lease, lease_deadline, start_locked_runs
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
@@ -58,6 +58,16 @@ class ClaimedRun:
     # thread's earlier runs have all ended: per-thread FIFO), so reading them later gives the
     # same answer; None when the claim did not read them (``with_history=False``).
     history: list[dict[str, Any]] | None = field(default_factory=list)
+
+
+def check_executor_instance_id(executor_instance_id: str) -> None:
+    """Refuse a claim under the name that runs recorded from traces carry: those hold no lease,
+    and lease health leaves them out of its executors, where a live executor must show."""
+    if executor_instance_id.startswith(RECORDED_EXECUTOR_PREFIX):
+        raise ValidationFailed(
+            f"executor_instance_id must not start with {RECORDED_EXECUTOR_PREFIX!r}: that prefix "
+            "names the services whose runs were recorded from their traces"
+        )
 
 
 def _check_lease_seconds(lease_seconds: float) -> None:
@@ -196,6 +206,7 @@ def claim_runs(
     On PostgreSQL concurrent claimers skip each other's locked rows (``FOR NO KEY UPDATE SKIP LOCKED``);
     on SQLite the ``BEGIN IMMEDIATE`` write lock makes claims one at a time.
     """
+    check_executor_instance_id(executor_instance_id)
     _check_lease_seconds(lease_seconds)
     if not 1 <= max_runs <= MAX_CLAIM:
         raise ValidationFailed(f"max_runs must be between 1 and {MAX_CLAIM}")
@@ -223,6 +234,7 @@ def claim_run(
     Used by imports and tools that execute a known run; raises ``IllegalTransition`` when the
     run is not claimable now (not queued, or an earlier run of its thread comes first).
     """
+    check_executor_instance_id(executor_instance_id)
     _check_lease_seconds(lease_seconds)
     found = session.execute(
         dialect.for_update(

@@ -4,7 +4,9 @@ behind is the reconciler (now − the oldest lease that expired but whose run is
 
 Every comparison uses the database clock (``agentledger.core.dialect.now``), the same clock the
 writers stamp leases with, never this process's. Active runs are read through the partial
-index on live leases; executors seen lately also through the runs that ended lately.
+index on live leases; executors seen lately also through the runs that ended lately. The
+services whose runs were recorded from their traces (``otlp:<service.name>``) are not executors:
+they held no lease and send no heartbeat, so a recorded trace never makes an executor look alive.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from agentledger.core import read_sql as _dialect
 from agentledger.core.schema import AgentRun
-from agentledger.core.vocabulary import ACTIVE, TERMINAL
+from agentledger.core.vocabulary import ACTIVE, RECORDED_EXECUTOR_PREFIX, TERMINAL
 from queries.common import (
     after_cursor,
     clamp_limit,
@@ -138,6 +140,8 @@ def _executors(session: Session, now: datetime, since: datetime) -> list[dict[st
         select(*columns).where(
             AgentRun.status.in_(TERMINAL), AgentRun.finished_at >= since,
             AgentRun.executor_instance_id.is_not(None),
+            # Runs recorded from traces: their service held no lease and never heartbeats.
+            ~AgentRun.executor_instance_id.startswith(RECORDED_EXECUTOR_PREFIX, autoescape=True),
         ),
     ).subquery()
     held = candidates.c.status.in_(ACTIVE)

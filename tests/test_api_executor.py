@@ -137,6 +137,16 @@ def test_an_empty_claim_is_woken_when_a_threads_run_ends(api, chat, running):
     assert [r["run_id"] for r in _claim(api, "waiter")[0]] == [second]
 
 
+def test_a_claim_under_the_name_of_recorded_runs_is_422_and_takes_nothing(api, chat):
+    posted = post_message(api, api.alice, chat, "the input")
+    reply = api.post("/api/executor/claim", api.executor,
+                     json={"executor_instance_id": "otlp:checkout", "wait_seconds": 1})
+    assert_error(reply, 422, "validation_error")
+    assert "must not start with 'otlp:'" in reply.json()["error"]["message"]
+    run = api.get(f"/api/agent-runs/{posted['run_id']}", api.alice).json()
+    assert run["status"] == "queued" and run["executor_instance_id"] is None
+
+
 @pytest.mark.parametrize("wait", [-1, 5.5, "soon", "1", False, None])
 def test_a_claim_wait_outside_0_to_5_seconds_is_422(api, wait):
     reply = api.post("/api/executor/claim", api.executor,

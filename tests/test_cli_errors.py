@@ -289,6 +289,9 @@ def test_a_dry_run_shows_no_progress_bar(db_url, tmp_path, monkeypatch, capsys):
      "--api and --token go together (an executor token for that server)"),
     (["worker", "--api", "http://127.0.0.1:1"],
      "--api and --token go together (an executor token for that server)"),
+    (["worker", "--instance-id", "otlp:checkout"],
+     "--instance-id: executor_instance_id must not start with 'otlp:': that prefix names the "
+     "services whose runs were recorded from their traces"),
     (["archive", "--older-than-days", "-1"],
      "argument --older-than-days: must be 0 or more days, got -1"),
     (["archive", "--older-than-days", "1", "--batch-size", "0"],

@@ -179,6 +179,9 @@ def test_claim_arguments_are_checked(db, agent):
                    {"max_runs": 101}):
         with pytest.raises(ValidationFailed), db.write() as s:
             claim_runs(s, W, **{"max_runs": 1, "lease_seconds": 30, **kwargs})
+    # The name runs recorded from traces carry is no claimer's (lease health leaves it out).
+    with pytest.raises(ValidationFailed, match="must not start with 'otlp:'"), db.write() as s:
+        claim_runs(s, "otlp:checkout")
     assert snapshot_state(db) == before
 
 

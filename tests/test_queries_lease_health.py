@@ -6,9 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import select
 from support import history as h
 from support.factories import claim
 
+from agentledger.core.schema import AgentRun
+from ingest.otlp import receive_spans
+from ingest.otlp.wire import ReceivedSpan
 from queries.lease_health import lease_health
 
 
@@ -80,6 +84,24 @@ def test_executors_seen_lately(db, ledger):
     assert executors["exec-b"]["seconds_since_heartbeat"] == pytest.approx(130, abs=5)
     assert executors["exec-c"]["runs_held"] == 0 and executors["exec-c"]["runs_ended_recently"] == 1
     assert executors["exec-c"]["last_seen_at"] > executors["exec-c"]["last_heartbeat_at"]
+
+
+def test_a_service_whose_runs_were_recorded_from_traces_is_no_executor(db, ledger):
+    # An app that exports its agent's spans: the run is recorded as succeeded a moment ago,
+    # under ``otlp:<service.name>``, with no lease held and no heartbeat ever sent.
+    span_at = ago(3)
+    agent = ReceivedSpan(f"{7:032x}", "a" * 16, None, "checkout", "invoke_agent", span_at,
+                         span_at + timedelta(seconds=1), 0, None,
+                         {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
+                          "input.value": "plan", "output.value": "planned"})
+    assert receive_spans(db, "alice", [agent]).runs_written == 1
+    with db.read() as s:
+        recorded = s.execute(select(AgentRun.executor_instance_id, AgentRun.status)
+                             .where(AgentRun.agent_id != "bot")).one()
+    assert tuple(recorded) == ("otlp:checkout", "succeeded")
+    found = health(db)
+    assert {e["executor_instance_id"] for e in found.executors} == {"exec-a", "exec-b", "exec-c"}
+    assert found.summary()["executors"] == 3
 
 
 def test_thresholds_are_parameters(db, ledger):

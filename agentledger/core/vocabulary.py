@@ -49,3 +49,7 @@ assert set(ACTIVE) <= set(NON_TERMINAL)
 
 # The agent kind of agents observed over OTLP (runs recorded elsewhere): registration only.
 EXTERNAL_KIND = "external"
+# The executor a run recorded from a trace names: ``otlp:<service.name>``. Such a service held no
+# lease and sends no heartbeat, so lease health does not list it among the executors, and no
+# claim may take a name under this prefix (which would make a live executor look recorded).
+RECORDED_EXECUTOR_PREFIX = "otlp:"

@@ -55,7 +55,7 @@ from agentledger.core.schema import (
     OtlpConversation,
     OtlpSpan,
 )
-from agentledger.core.vocabulary import EXTERNAL_KIND
+from agentledger.core.vocabulary import EXTERNAL_KIND, RECORDED_EXECUTOR_PREFIX
 from ingest.agents import AgentDefinition, add_agent_version, register_agent
 from ingest.bulk_import import BulkImporter, ImportedEvent, ImportedRun
 from ingest.otlp import mapping
@@ -511,7 +511,7 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
     # A recorded run had no lease to renew: its executor was alive until the agent span ended,
     # so that is when its lease expires (the run is written terminal: lease health, which looks
     # at running runs only, never counts it).
-    add(start, "run.started", {"executor_instance_id": f"otlp:{service}"[:200],
+    add(start, "run.started", {"executor_instance_id": f"{RECORDED_EXECUTOR_PREFIX}{service}"[:200],
                                "lease_expires_at": end.isoformat()})
     user = mapping.user_text(node.row.attributes)
     last_output = None
