@@ -265,6 +265,22 @@ def test_executor_client_drives_the_executor_routes(server, alice):
     assert alice.provenance(run["final_message_id"])["message"]["content"] == "by hand"
 
 
+def test_run_forever_under_the_name_of_recorded_runs_stops_at_the_first_claim(server, alice):
+    # A claim's terms are the worker's own: refused once, refused forever. It stops and says
+    # why instead of asking again every second.
+    session = alice.create_session("echo")
+    run_id = alice.send_message(session["id"], "who takes this?")["run_id"]
+    with ExecutorClient(server["url"], server["tokens"]["executor"], "otlp:checkout") as ex:
+        started = time.monotonic()
+        with pytest.raises(ApiError) as refused:
+            ex.run_forever(1, settings=Settings(lease_seconds=10, heartbeat_seconds=1),
+                           stop=threading.Event())
+    assert (refused.value.status, refused.value.code) == (422, "validation_error")
+    assert "must not start with 'otlp:'" in refused.value.message
+    assert time.monotonic() - started < 10
+    assert alice.get_run(run_id)["executor_instance_id"] != "otlp:checkout"
+
+
 def test_an_append_or_child_whose_answer_was_lost_is_sent_again_and_written_once(server, alice):
     """Appends and children carry an ``Idempotency-Key``: the server took the first send of
     each (the proxy swallowed its answer), and the retry is answered with what it wrote."""

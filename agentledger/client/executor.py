@@ -149,8 +149,9 @@ class ExecutorClient:
         seconds) default to the ``AGENTLEDGER_*`` environment.
 
         A server that refuses the token (401 ``unauthenticated``, 403 ``forbidden``: unknown,
-        revoked, or not an executor's) is not retried: the worker stops as above and raises
-        that ``ApiError``."""
+        revoked, or not an executor's) or the claim itself (422 ``validation_error``: an
+        ``instance_id`` under ``otlp:``, the name of runs recorded from traces) is not retried:
+        the worker stops as above and raises that ``ApiError``."""
         from agentledger.core.config import Settings
         from agentledger.worker.executor import Executor
         from agentledger.worker.http_backend import HttpBackend

@@ -220,10 +220,11 @@ class Executor:
             try:
                 claimed = self.backend.claim(reserved, self.settings.lease_seconds)
                 failing.passed()
-            except (Unauthenticated, Forbidden) as exc:
-                # Not a hiccup: the ledger server refuses this executor's token (unknown,
-                # revoked, or not an executor's). Claiming on would repeat the refusal forever;
-                # whoever runs the executor is told (``refusal``) and decides.
+            except (Unauthenticated, Forbidden, ValidationFailed) as exc:
+                # Not a hiccup: the ledger refuses this executor's token (unknown, revoked, or
+                # not an executor's) or its claim's own fixed terms (its instance id, such as
+                # one under the prefix of recorded runs). Claiming on would repeat the refusal
+                # forever; whoever runs the executor is told (``refusal``) and decides.
                 self._release(reserved)
                 self.refusal = exc
                 log.error("%s: the ledger refuses this executor's claims (%s: %s); it claims "
