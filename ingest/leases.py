@@ -27,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
+from agentledger.core.config import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from agentledger.core.database import read_all
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
@@ -36,8 +37,6 @@ from ingest.events import LOCKED_RUN_COLUMNS, check_lease, lease_deadline, start
 from ingest.state_machine import Lease
 from queries.thread_history import as_turns, thread_history
 
-MIN_LEASE_SECONDS = 1
-MAX_LEASE_SECONDS = 3600
 # A run leased before its grant was recorded (no ``last_heartbeat_at``): never after a claim.
 DEFAULT_LEASE_SECONDS = 30
 MAX_CLAIM = 100

@@ -315,6 +315,28 @@ def test_arguments_out_of_range_are_refused_by_the_parser(args, message, tmp_pat
     assert not (tmp_path / "agentledger.db").exists()  # refused before anything ran
 
 
+@pytest.mark.parametrize(("lease", "heartbeat", "message"), [
+    ("5000", "10", "AGENTLEDGER_LEASE_SECONDS (5000) must be between 1 and 3600: the lease a "
+                   "claim may ask for"),
+    ("0.5", "0.1", "AGENTLEDGER_LEASE_SECONDS (0.5) must be between 1 and 3600: the lease a "
+                   "claim may ask for"),
+    ("10", "10", "AGENTLEDGER_HEARTBEAT_SECONDS (10) must be below AGENTLEDGER_LEASE_SECONDS "
+                 "(10): leases are renewed every heartbeat and would expire between two "
+                 "renewals"),
+])
+def test_lease_settings_no_executor_can_work_with_stop_every_command_at_start(
+        lease, heartbeat, message, tmp_path):
+    # A worker started with them would have every claim refused, or lose every lease.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env.update(AGENTLEDGER_LEASE_SECONDS=lease, AGENTLEDGER_HEARTBEAT_SECONDS=heartbeat,
+               PYTHONWARNINGS="ignore", AGENTLEDGER_DATABASE_URL=f"sqlite:///{tmp_path}/l.db")
+    done = subprocess.run([sys.executable, "-m", "agentledger.cli", "worker"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith(message), done.stderr
+    assert not (tmp_path / "l.db").exists()
+
+
 def test_serve_help_names_host_and_port_and_their_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

@@ -38,6 +38,7 @@ from agentledger.worker import executor as executor_module
 from agentledger.worker.executor import Executor
 from agentledger.worker.reconciler_loop import reconcile_once
 from ingest.cancel import request_cancel
+from ingest.leases import MAX_CLAIM
 from ingest.reconcile import interrupt_executor_runs
 from ingest.tokens import create_token
 
@@ -139,6 +140,17 @@ def test_concurrency_bounds_the_runs_executing_at_once(db, executors):
     rows = [run(db, i) for i in ids]
     assert all(r.status == "succeeded" for r in rows)
     assert max_overlap([(r.started_at, r.finished_at) for r in rows]) == 2
+
+
+def test_concurrency_above_one_claims_maximum_claims_in_several_requests(db, executors):
+    # A claim takes at most MAX_CLAIM runs; an executor with more slots asks for them in turns
+    # instead of having every claim refused.
+    make_agent(db, "echo")
+    posted = [post(db, make_session(db), f"q{i}").run_id for i in range(MAX_CLAIM + 5)]
+    executor = executors.start("wide", concurrency=MAX_CLAIM + 20)
+    wait_terminal(db, posted, timeout=120)
+    assert set(statuses(db, posted).values()) == {"succeeded"}
+    assert executor.refusal is None
 
 
 def test_concurrency_must_be_positive(db):

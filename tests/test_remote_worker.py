@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -178,6 +180,30 @@ def test_a_worker_whose_token_the_server_refuses_exits_saying_so(db, db_url, clu
     code = "unauthenticated" if role is None else "forbidden"
     lines = [line for line in done.stderr.splitlines() if "agentledger worker:" in line]
     assert len(lines) == 1 and f"refuses this token ({code}:" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("over_http", [False, True], ids=["database", "api"])
+def test_a_worker_whose_claims_the_ledger_refuses_exits_saying_so(db_url, cluster, procs,
+                                                                  over_http):
+    """A claim refused for its own terms (here an instance id under the prefix of recorded
+    runs, which the command's argument check would stop before: the worker's function is
+    called directly) is refused again at every try: the worker stops with one line on stderr
+    and status 2, instead of staying up without claiming."""
+    api = (f", api_url={cluster['server'].base_url!r}, token="
+           f"{make_token(db_url, owner='refused-exec', role='executor')!r}" if over_http else "")
+    code = ("import sys; from agentledger.core.config import Settings;"
+            " from agentledger.worker.process import run_worker_process;"
+            " sys.exit(run_worker_process(Settings.from_env(), instance_id='otlp:checkout',"
+            f" concurrency=1{api}))")
+    env = procs.environment(UNUSABLE_DATABASE if over_http else db_url, **timing(SAFE_LEASE))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=procs.dir,
+                          capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if "agentledger worker:" in line]
+    assert len(lines) == 1, done.stderr
+    assert "refuses this worker's claims (validation_error:" in lines[0], lines
+    assert "must not start with 'otlp:'" in lines[0], lines
     assert "Traceback" not in done.stderr + done.stdout
 
 

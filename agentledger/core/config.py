@@ -16,6 +16,11 @@ SUPPORTED_DATABASES = ("sqlite (sqlite:///PATH) and postgresql+psycopg "
 # would otherwise hold a command for the operating system's TCP timeout (minutes) before it
 # says anything. A URL's own ``connect_timeout`` wins.
 CONNECT_CHECK_TIMEOUT_SECONDS = 10
+# The lease a claim may ask for, in seconds (``ingest.leases``, the executor routes): a process
+# whose AGENTLEDGER_LEASE_SECONDS is outside them stops at start instead of having every claim
+# refused.
+MIN_LEASE_SECONDS = 1
+MAX_LEASE_SECONDS = 3600
 # The server's own words around the reason of a failed connection (psycopg / libpq), dropped
 # so that the one line says only what went wrong.
 _CONNECT_NOISE = re.compile(
@@ -186,6 +191,11 @@ class Settings:
         """Refuse settings no process can work with (a clear error at start, not a run that
         loses its lease): an executor renews its leases every ``heartbeat_seconds``, so a
         heartbeat not below the lease lets every lease expire between two renewals."""
+        if not MIN_LEASE_SECONDS <= self.lease_seconds <= MAX_LEASE_SECONDS:
+            raise SystemExit(
+                f"AGENTLEDGER_LEASE_SECONDS ({self.lease_seconds:g}) must be between "
+                f"{MIN_LEASE_SECONDS} and {MAX_LEASE_SECONDS}: the lease a claim may ask for"
+            )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise SystemExit(
                 f"AGENTLEDGER_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be below "

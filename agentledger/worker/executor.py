@@ -57,7 +57,7 @@ from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
 from agentledger.worker.failures import Failing, database_failure, error_name
 from agentledger.worker.run_threads import RunThreads
 from ingest.event_types import validated_data
-from ingest.leases import ClaimedRun
+from ingest.leases import MAX_CLAIM, ClaimedRun
 
 log = logging.getLogger("agentledger.executor")
 
@@ -211,7 +211,8 @@ class Executor:
     def _claim_loop(self) -> None:
         failing = Failing("claims")
         while not self._stopping.is_set():
-            reserved = self._reserve(self.concurrency)
+            # One claim takes at most MAX_CLAIM runs: more slots are filled by the next turns.
+            reserved = self._reserve(min(self.concurrency, MAX_CLAIM))
             if reserved == 0:
                 with self._slots:
                     self._slots.wait(MONITOR_PERIOD)

@@ -90,7 +90,7 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
           f"{db.dialect}; lease {settings.lease_seconds:g}s, heartbeat "
           f"{settings.heartbeat_seconds:g}s", flush=True)
     try:
-        while not done.wait(0.5):
+        while not done.wait(0.5) and executor.refusal is None:
             pass
     finally:
         reconciler.stop()
@@ -99,6 +99,10 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
         print(f"worker {executor.instance_id} stopped; {len(ended)} run(s) interrupted "
               "(executor_shutdown)", flush=True)
         db.dispose()
+    if executor.refusal is not None:
+        print(f"agentledger worker: the ledger refuses this worker's claims "
+              f"({executor.refusal.code}: {executor.refusal.message})", file=sys.stderr, flush=True)
+        return 2
     return exit_past_stuck_threads(0)
 
 
@@ -117,6 +121,10 @@ def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurren
         try:
             client.run_forever(concurrency, settings=settings)
         except ApiError as exc:
+            if exc.code == "validation_error":  # the claim's own terms: no retry changes them
+                print(f"agentledger worker: {api_url} refuses this worker's claims ({exc.code}: "
+                      f"{exc.message})", file=sys.stderr, flush=True)
+                return 2
             if exc.code not in ("unauthenticated", "forbidden"):
                 raise
             print(f"agentledger worker: {api_url} refuses this token ({exc.code}: "
