@@ -509,8 +509,8 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
 
     service = node.row.service_name
     # A recorded run had no lease to renew: its executor was alive until the agent span ended,
-    # so that is when its lease expires (the run is written terminal: lease health, which looks
-    # at running runs only, never counts it).
+    # so that is when its lease expires (the run is written terminal: lease health counts the
+    # leases of running runs only, and leaves ``otlp:`` names out of the executors it lists).
     add(start, "run.started", {"executor_instance_id": f"{RECORDED_EXECUTOR_PREFIX}{service}"[:200],
                                "lease_expires_at": end.isoformat()})
     user = mapping.user_text(node.row.attributes)
