@@ -203,6 +203,7 @@ def _unnested(name: str, **columns: tuple[str, Any]):
             .table_valued(*columns).render_derived(name=name))
 
 
+_EVENT_COLUMNS = ("run_id", "seq", "type", "data", "created_at", "hash")
 # A few events as arrays (``events_*``; the data as its canonical JSON text, which the hash was
 # computed over), unnested into rows by the server.
 _NEW_EVENTS = _unnested("new_events", seq=("events_seq", Integer), type=("events_type", Text),
@@ -213,7 +214,7 @@ _NEW_EVENT_ROWS = select(
     bindparam("events_created_at", type_=RunEvent.__table__.c.created_at.type),
     _NEW_EVENTS.c.hash)
 _APPENDED_EVENTS = insert(RunEvent.__table__).from_select(
-    ["run_id", "seq", "type", "data", "created_at", "hash"], _NEW_EVENT_ROWS,
+    list(_EVENT_COLUMNS), _NEW_EVENT_ROWS,
 ).cte("appended_events")
 # The ending's assistant message (``msg_*``: not names of agent_run columns, which would be
 # taken for columns to set).
@@ -338,7 +339,6 @@ def lock_run_and_parent(session: Session, run_id: str):
     return lock_run(session, run_id)
 
 
-_EVENT_COLUMNS = ("run_id", "seq", "type", "data", "created_at", "hash")
 _INSERT_EVENT = insert(RunEvent.__table__)
 _INSERT_MESSAGE = insert(Message.__table__)
 

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.config import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from agentledger.core.config import MAX_CLAIM, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from agentledger.core.database import read_all
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
@@ -39,7 +39,6 @@ from queries.thread_history import as_turns, thread_history
 
 # A run leased before its grant was recorded (no ``last_heartbeat_at``): never after a claim.
 DEFAULT_LEASE_SECONDS = 30
-MAX_CLAIM = 100
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,13 @@ from support.processes import (
 from agentledger.agent_kinds import AgentFailed, available_kinds
 from agentledger.app_factory import create_app
 from agentledger.core import dialect
-from agentledger.core.config import Settings
+from agentledger.core.config import MAX_CLAIM, Settings
 from agentledger.core.database import Database
 from agentledger.core.schema import Message
 from agentledger.worker import executor as executor_module
 from agentledger.worker.executor import Executor
 from agentledger.worker.reconciler_loop import reconcile_once
 from ingest.cancel import request_cancel
-from ingest.leases import MAX_CLAIM
 from ingest.reconcile import interrupt_executor_runs
 from ingest.tokens import create_token
 

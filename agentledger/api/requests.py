@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
-from agentledger.core.config import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from agentledger.core.config import MAX_CLAIM, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from agentledger.core.hashing import is_storable_text
 from agentledger.core.vocabulary import InterruptReason, RunStatus
 
@@ -132,7 +132,7 @@ class EventsQuery(Strict):
 
 class ClaimBody(Strict):
     executor_instance_id: StorableText = Field(min_length=1, max_length=200)
-    max_runs: int = Field(default=1, ge=1, le=100)
+    max_runs: int = Field(default=1, ge=1, le=MAX_CLAIM)
     lease_seconds: float | None = Field(default=None, ge=MIN_LEASE_SECONDS, le=MAX_LEASE_SECONDS)
     wait_seconds: float = Field(
         default=0, ge=0, le=MAX_CLAIM_WAIT_SECONDS, strict=True,  # false is no number of seconds

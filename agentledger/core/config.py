@@ -16,11 +16,12 @@ SUPPORTED_DATABASES = ("sqlite (sqlite:///PATH) and postgresql+psycopg "
 # would otherwise hold a command for the operating system's TCP timeout (minutes) before it
 # says anything. A URL's own ``connect_timeout`` wins.
 CONNECT_CHECK_TIMEOUT_SECONDS = 10
-# The lease a claim may ask for, in seconds (``ingest.leases``, the executor routes): a process
-# whose AGENTLEDGER_LEASE_SECONDS is outside them stops at start instead of having every claim
-# refused.
+# What a claim may ask for (``ingest.leases``, the executor routes): its lease, in seconds (a
+# process whose AGENTLEDGER_LEASE_SECONDS is outside them stops at start instead of having every
+# claim refused), and how many runs (an executor with more slots claims in turns).
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 3600
+MAX_CLAIM = 100
 # The server's own words around the reason of a failed connection (psycopg / libpq), dropped
 # so that the one line says only what went wrong.
 _CONNECT_NOISE = re.compile(

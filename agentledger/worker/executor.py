@@ -37,7 +37,7 @@ from agentledger.agent_kinds import (
     unbind_current_run,
 )
 from agentledger.agent_kinds.storage import FrameworkStorage
-from agentledger.core.config import Settings
+from agentledger.core.config import MAX_CLAIM, Settings
 from agentledger.core.database import Database
 from agentledger.core.dialect import QUEUE_CHANNEL
 from agentledger.core.errors import (
@@ -57,7 +57,7 @@ from agentledger.worker.backends import DatabaseBackend, ExecutorBackend
 from agentledger.worker.failures import Failing, database_failure, error_name
 from agentledger.worker.run_threads import RunThreads
 from ingest.event_types import validated_data
-from ingest.leases import MAX_CLAIM, ClaimedRun
+from ingest.leases import ClaimedRun
 
 log = logging.getLogger("agentledger.executor")
 

@@ -100,10 +100,15 @@ def run_worker_process(settings: Settings, *, instance_id: str | None, concurren
               "(executor_shutdown)", flush=True)
         db.dispose()
     if executor.refusal is not None:
-        print(f"agentledger worker: the ledger refuses this worker's claims "
-              f"({executor.refusal.code}: {executor.refusal.message})", file=sys.stderr, flush=True)
-        return 2
+        return _refused_claims("the ledger", executor.refusal.code, executor.refusal.message)
     return exit_past_stuck_threads(0)
+
+
+def _refused_claims(ledger: str, code: str, message: str) -> int:
+    """A claim refused for its own terms, said once: no retry changes them (exit status 2)."""
+    print(f"agentledger worker: {ledger} refuses this worker's claims ({code}: {message})",
+          file=sys.stderr, flush=True)
+    return 2
 
 
 def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurrency: int,
@@ -121,10 +126,8 @@ def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurren
         try:
             client.run_forever(concurrency, settings=settings)
         except ApiError as exc:
-            if exc.code == "validation_error":  # the claim's own terms: no retry changes them
-                print(f"agentledger worker: {api_url} refuses this worker's claims ({exc.code}: "
-                      f"{exc.message})", file=sys.stderr, flush=True)
-                return 2
+            if exc.code == "validation_error":
+                return _refused_claims(api_url, exc.code, exc.message)
             if exc.code not in ("unauthenticated", "forbidden"):
                 raise
             print(f"agentledger worker: {api_url} refuses this token ({exc.code}: "
