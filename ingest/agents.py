@@ -10,9 +10,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
-from agentledger.core.errors import Conflict, NotFound
+from agentledger.core.errors import Conflict, NotFound, ValidationFailed
 from agentledger.core.hashing import agent_content_hash, storable_json
 from agentledger.core.schema import Agent, AgentVersion
+from agentledger.core.vocabulary import EXTERNAL_KIND
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,16 @@ class AgentDefinition:
     def content_hash(self) -> str:
         return agent_content_hash(self.name, self.kind, self.model, self.instructions,
                                   self.tools, self.params)
+
+
+def check_runnable(agent_id: str, kind: str) -> None:
+    """Refuse work for an agent the ledger cannot execute: one of kind ``external`` runs
+    elsewhere and is recorded from its traces, so a run for it would wait in the queue until
+    an executor failed it. Sessions, messages and delegations name it up front instead."""
+    if kind == EXTERNAL_KIND:
+        raise ValidationFailed(
+            f"agent {agent_id!r} is of kind {EXTERNAL_KIND!r}: it runs elsewhere and its runs are "
+            "recorded from its traces (OTLP), so the ledger cannot run it; choose another agent")
 
 
 def _insert_version(session: Session, agent_id: str, version: int, definition: AgentDefinition, now) -> None:

@@ -46,6 +46,7 @@ from agentledger.core.schema import (
     UTCDateTime,
 )
 from agentledger.core.vocabulary import ACTIVE
+from ingest.agents import check_runnable
 from ingest.events import AppendKey, append_events, check_lease, lock_run, replayed_append
 from ingest.rate_limits import take_run_slot
 from ingest.sessions import create_thread
@@ -465,6 +466,7 @@ def _new_run(chat, *, session_id: str, agent_id: str | None, content: str, pack:
     chosen_agent = agent_id or chat.agent_id
     if chat.version is None:
         raise UnknownAgent(f"agent {chosen_agent!r} is not registered")
+    check_runnable(chosen_agent, chat.kind)
     # The looked-up row has the version's columns; its agent_id is the session's agent.
     snapshot = {**snapshot_of(chat), "agent_id": chosen_agent}
     run_id, message_id = new_id("run"), new_id("msg")
@@ -532,6 +534,7 @@ def create_child_run(
     if parent.status not in ACTIVE:
         raise IllegalTransition(f"run {parent_run_id} is {parent.status}; it cannot delegate now")
     snapshot = agent_snapshot(session, agent_id)
+    check_runnable(agent_id, snapshot["kind"])
     parent_row = session.execute(
         select(AgentRun.root_run_id, AgentRun.context_pack_snapshot).where(
             AgentRun.id == parent_run_id

@@ -10,15 +10,23 @@ from sqlalchemy.orm import Session
 from agentledger.core import dialect
 from agentledger.core.errors import NotFound, UnknownAgent
 from agentledger.core.ids import new_id
-from agentledger.core.schema import Agent, ChatSession, ConversationThread
+from agentledger.core.schema import Agent, AgentVersion, ChatSession, ConversationThread
+from ingest.agents import check_runnable
 from queries.visibility import may_see
 
 _UNSET = object()
 
 
 def require_agent(session: Session, agent_id: str) -> None:
-    if session.execute(select(Agent.id).where(Agent.id == agent_id)).first() is None:
+    """The agent a session's messages go to: registered, and one the ledger can run."""
+    kind = session.execute(
+        select(AgentVersion.kind)
+        .join(Agent, (Agent.id == AgentVersion.agent_id)
+              & (Agent.latest_version == AgentVersion.version))
+        .where(Agent.id == agent_id)).scalar_one_or_none()
+    if kind is None:
         raise UnknownAgent(f"agent {agent_id!r} is not registered")
+    check_runnable(agent_id, kind)
 
 
 def create_thread(session: Session, owner_id: str, now) -> str:

@@ -380,6 +380,23 @@ def test_unknown_agents_are_422_unknown_agent(api, chat):
     assert api.get(f"/api/sessions/{chat}", api.alice).json()["agent_id"] == "echo"
 
 
+def test_an_agent_recorded_from_traces_takes_no_sessions_or_messages(api, chat):
+    """Kind ``external`` runs elsewhere (its runs come from OTLP traces): a session for it, or a
+    message to it, was accepted and its run waited until an executor failed it
+    ``unknown_agent_kind``. Now it is refused up front and nothing is written."""
+    assert api.post("/api/agents", api.admin, json={"id": "traced", "name": "Traced",
+                                                     "kind": "external"}).status == 201
+    before = row_counts(api.db)
+    for reply in (api.post("/api/sessions", api.alice, json={"agent_id": "traced"}),
+                  send(api, api.alice, chat, "hi", agent_id="traced", expect=None),
+                  api.request("PATCH", f"/api/sessions/{chat}", token=api.alice,
+                              json={"agent_id": "traced"})):
+        assert_error(reply, 422, "validation_error")
+        assert "'traced' is of kind 'external'" in reply.json()["error"]["message"]
+    assert row_counts(api.db) == before
+    assert api.get(f"/api/sessions/{chat}", api.alice).json()["agent_id"] == "echo"
+
+
 # ---- 404 not_found: unknown ids, and another owner's objects -----------------------------------
 
 

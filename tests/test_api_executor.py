@@ -18,6 +18,7 @@ from support.api import (
     post_message,
     unique,
 )
+from support.factories import make_agent
 
 
 @pytest.fixture
@@ -414,6 +415,7 @@ def test_invalid_event_batches_are_422_and_write_nothing(api, running, body):
 
 def test_children_refusals(api, chat, running):
     run, instance = running
+    make_agent(api.db, "traced", kind="external")  # runs elsewhere: recorded from its traces
     before = ledger_state(api.db, run)
     assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
                           json={"executor_instance_id": instance, "agent_id": "ghost", "input": "x"}),
@@ -421,6 +423,9 @@ def test_children_refusals(api, chat, running):
     assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
                           json={"executor_instance_id": instance, "agent_id": "echo", "input": ""}),
                  422, "validation_error")
+    assert_error(api.post(f"/api/executor/runs/{run}/children", api.executor,
+                          json={"executor_instance_id": instance, "agent_id": "traced",
+                                "input": "x"}), 422, "validation_error")
     assert ledger_state(api.db, run) == before
     assert api.post(f"/api/agent-runs/{run}/cancel", api.alice).status == 202
     before = ledger_state(api.db, run)

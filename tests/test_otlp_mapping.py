@@ -5,6 +5,7 @@ runs, which agent and version a run is filed under, and what its ``run.started``
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -85,6 +86,28 @@ def test_the_agent_id_comes_from_gen_ai_agent_id_and_its_name_from_gen_ai_agent_
         assert run.agent_id == agent_id
         assert run.agent_execution_snapshot["name"] == name
         assert [(v.name, v.kind) for v in _versions(db, agent_id)] == [(name, "external")]
+    assert_chains_ok(db)
+
+
+def test_names_without_an_ascii_spelling_are_ids_of_their_own(db):
+    """A slug keeps ASCII letters and digits only: every name written in another script (and
+    every emoji name) was the id ``agent``, so runs of 助手 and Агент were filed as one agent's.
+    Accents are dropped rather than the letters that carry them."""
+    names = ["助手", "分析师", "Агент", "😀😀", "Ünïcödé Àgent", "Agent — Pro"]
+    spans = [_span(10 + n, 1, None, _agent(**{"gen_ai.agent.name": name}), 0, 100)
+             for n, name in enumerate(names)]
+    assert receive_spans(db, OWNER, spans).runs_written == len(names)
+    ids = {}
+    for n, name in enumerate(names):
+        (run,) = _runs(db, 10 + n)
+        assert run.agent_execution_snapshot["name"] == name
+        ids[name] = run.agent_id
+    assert len(set(ids.values())) == len(names), ids
+    assert ids["Ünïcödé Àgent"] == "unicode-agent" and ids["Agent — Pro"] == "agent-pro"
+    assert all(re.fullmatch(r"agent-[0-9a-f]{10}", ids[name]) for name in names[:4]), ids
+    again = [_span(20, 1, None, _agent(**{"gen_ai.agent.name": "Агент"}), 0, 100)]
+    assert receive_spans(db, OWNER, again).runs_written == 1
+    assert _runs(db, 20)[0].agent_id == ids["Агент"]  # the same name, the same agent
     assert_chains_ok(db)
 
 

@@ -9,6 +9,8 @@ On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import json
+import threading
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
@@ -23,8 +25,8 @@ from agentledger.core.schema import (
     RunEvent,
 )
 from ingest.otlp import flush_quiet_traces, receive_spans
-from ingest.otlp.record import NOT_RECORDED
-from ingest.otlp.wire import ReceivedSpan
+from ingest.otlp.record import MAX_RUN_DEPTH, NOT_RECORDED
+from ingest.otlp.wire import ReceivedSpan, decode_export, spans_of
 
 T0 = datetime(2026, 12, 1, 9, tzinfo=UTC)
 TOO_MANY = 2 * 10**12  # above what a usage event counts (10^12 tokens)
@@ -190,3 +192,98 @@ def test_spans_of_a_trace_another_owner_exported_are_refused(db):
     # alice completes her trace as before
     assert receive_spans(db, "alice", [_span(waiting, "a" * 16, None, _agent("owned-agent"))]
                          ).runs_written == 1
+
+
+def _flushed_within(db, seconds: float) -> int:
+    """``flush_quiet_traces`` in a thread that must end: a loop that never ends fails here, not
+    at the suite's timeout."""
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(flush_quiet_traces(db, quiet_seconds=0)),
+                              daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, "flush_quiet_traces did not end"
+    return done[0]
+
+
+def test_spans_that_name_each_other_as_parents_are_each_placed_once(db):
+    """Parent ids are the sender's. A span that is its own parent, or two that are each other's,
+    never showed a chain to a root: after the quiet period the flush built their tree by
+    following children, each span again under itself, forever (the reconciler's thread spun,
+    its memory grew, and no lease expired meanwhile)."""
+    alone, pair = _trace(41), _trace(42)
+    spans = [_span(alone, "a" * 16, "a" * 16, _agent("self-parent")),
+             _span(pair, "a" * 16, "b" * 16, _agent("pair-agent")),
+             _span(pair, "b" * 16, "a" * 16, _chat(), 10, 20)]
+    waiting = receive_spans(db, "alice", spans)
+    assert (waiting.new, waiting.runs_written, waiting.rejected) == (3, 0, 0)
+    assert _flushed_within(db, 30) == 2
+    (lone_run,) = set(_claims(db, alone).values())
+    (pair_run,) = set(_claims(db, pair).values())  # the chat span is the agent's content
+    with db.read() as s:
+        usage = s.execute(select(RunEvent.data).where(RunEvent.run_id == pair_run,
+                                                      RunEvent.type == "usage")).scalar_one()
+        assert usage["input_tokens"] == 10
+        statuses = set(s.execute(select(AgentRun.status).where(
+            AgentRun.id.in_([lone_run, pair_run]))).scalars())
+    assert statuses == {"succeeded"}
+    assert _flushed_within(db, 30) == 0
+    assert_chains_ok(db)
+
+
+def test_agent_spans_nested_deeper_than_a_run_tree_goes_are_refused(db):
+    """A run tree is built, read and checked recursively in places: a sender nesting agent spans
+    1,500 deep got a 500 (RecursionError) and lost the export. Beyond ``MAX_RUN_DEPTH`` the
+    trace is kept and refused; at it, every level is a run."""
+    def chain(trace: str, depth: int) -> list[ReceivedSpan]:
+        ids = [f"{level + 1:016x}" for level in range(depth)]
+        return [_span(trace, ids[level], ids[level - 1] if level else None,
+                      _agent(f"level-{level % 3}"), level, 10_000 - level)
+                for level in range(depth)]
+
+    deep = _trace(51)
+    outcome = receive_spans(db, "alice", chain(deep, 1_500))
+    assert (outcome.new, outcome.runs_written, outcome.rejected) == (1_500, 0, 1_500)
+    assert f"nest more than {MAX_RUN_DEPTH} levels deep" in outcome.error_message
+    assert set(_claims(db, deep).values()) == {NOT_RECORDED}
+    fits = receive_spans(db, "alice", chain(_trace(52), MAX_RUN_DEPTH))
+    assert (fits.runs_written, fits.rejected) == (MAX_RUN_DEPTH, 0)
+    assert_chains_ok(db)
+
+
+def test_a_span_that_names_itself_as_its_parent_is_refused_on_receipt():
+    trace, span_id = "ab" * 16, "cd" * 8
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": "invoke_agent x",
+         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}
+        for parent in (span_id, "")]}]}]}
+    export, _kind = decode_export(json.dumps(body).encode(), "application/json", None)
+    spans, refused = spans_of(export)
+    assert refused == 1 and [s.parent_span_id for s in spans] == [None]
+
+
+def test_a_token_count_that_is_no_count_refuses_the_tree_rather_than_becoming_one(db):
+    """-5 was recorded as 0, "abc" as 0 and 3.7 as 3: numbers nobody sent, in the audit record.
+    Such a count refuses the tree like one beyond 10^12; a count written as a float or as
+    digits is the count, and one the span does not carry is 0."""
+    refused = {"minus": -5, "text": "abc", "fraction": 3.7, "flag": True}
+    for n, (label, value) in enumerate(refused.items()):
+        outcome = receive_spans(db, "alice", _tree(_trace(60 + n), f"count-{label}",
+                                                   {**_chat(), "gen_ai.usage.input_tokens": value}))
+        assert (outcome.runs_written, outcome.rejected) == (0, 2), label
+        assert "gen_ai.usage.input_tokens is" in outcome.error_message
+        assert "not a token count" in outcome.error_message
+    kept = {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 12.0}  # no output
+    outcome = receive_spans(db, "alice", _tree(_trace(70), "count-kept", kept))
+    assert (outcome.runs_written, outcome.rejected) == (1, 0)
+    (run_id,) = set(_claims(db, _trace(70)).values())
+    digits = receive_spans(db, "alice", _tree(_trace(71), "count-kept", {
+        **_chat(), "gen_ai.usage.output_tokens": "7"}))
+    assert digits.runs_written == 1
+    (digits_run,) = set(_claims(db, _trace(71)).values())
+    with db.read() as s:
+        usage = dict(s.execute(select(RunEvent.run_id, RunEvent.data).where(
+            RunEvent.run_id.in_([run_id, digits_run]), RunEvent.type == "usage")).tuples().all())
+    assert (usage[run_id]["input_tokens"], usage[run_id]["output_tokens"]) == (12, 0)
+    assert (usage[digits_run]["input_tokens"], usage[digits_run]["output_tokens"]) == (10, 7)
+    assert_chains_ok(db)

@@ -47,6 +47,7 @@ def otlp_traces():
     rejected = outcome.rejected + malformed
     messages = list(outcome.messages)
     if malformed:
-        messages.insert(0, f"{malformed} span(s) without valid trace/span ids or times")
+        messages.insert(0, f"{malformed} span(s) without valid trace/span/parent ids "
+                                    "or times")
     return Response(encode_response(kind, rejected, "; ".join(dict.fromkeys(messages))),
                     status=200, mimetype=kind)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import unicodedata
 from typing import Any
 
-from agentledger.core.errors import LedgerError
+from agentledger.core.errors import LedgerError, ValidationFailed
 from agentledger.core.hashing import storable_json
 from agentledger.core.json_limits import parse_json_body
 
@@ -110,7 +111,18 @@ def is_tool_span(attrs: dict) -> bool:
 
 
 def slug(name: str) -> str:
-    return _SLUG.sub("-", name.lower()).strip("-")[:63].strip("-") or "agent"
+    """An agent id made of a name: accents dropped, lower case, each run of other characters a
+    dash, at most 63 characters. A name with letters, digits or symbols that have no ASCII form
+    (助手, Агент, an emoji; punctuation is a separator like any other) keeps a digest of itself as a suffix: without it every such name would be
+    the same id (``agent``), and one agent's answers would be filed under another's."""
+    decomposed = unicodedata.normalize("NFKD", name)
+    base = _SLUG.sub("-", decomposed.encode("ascii", "ignore").decode().lower()).strip("-")
+    if all(ch.isascii() or ch.isspace() or unicodedata.combining(ch)
+           or unicodedata.category(ch).startswith("P") for ch in decomposed):
+        return base[:63].strip("-") or "agent"
+    # 54 characters at most, so that ``<id>-external`` (``record._ensure_agent``) keeps it whole.
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{base[:43].strip('-') or 'agent'}-{digest}"
 
 
 def _parts_text(message: Any) -> str:
@@ -198,19 +210,30 @@ def model_of(attrs: dict) -> str | None:
 
 
 def tokens(attrs: dict) -> tuple[int, int] | None:
+    """The span's (input, output) token counts; a count the span does not carry is 0, one it
+    carries must be a whole number from 0 (an integer, or the same written as a float or as
+    digits), else ``ValidationFailed``: the run tree is refused rather than recorded with a
+    number nobody sent (a negative count read as 0, 3.7 as 3)."""
     pairs = (("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"),
              ("llm.token_count.prompt", "llm.token_count.completion"))
     for inp, out in pairs:
         if inp in attrs or out in attrs:
-            return _count(attrs.get(inp)), _count(attrs.get(out))
+            return _count(attrs, inp), _count(attrs, out)
     return None
 
 
-def _count(value: Any) -> int:
-    try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
+def _count(attrs: dict, key: str) -> int:
+    value = attrs.get(key)
+    if value is None:
         return 0
+    if isinstance(value, str) and value.strip().isdigit() and len(value) <= 30:
+        value = int(value)  # a count sent as a string attribute
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValidationFailed(f"{key} is {str(value)[:40]!r}, not a token count (a whole number "
+                           "from 0)")
 
 
 def instructions_of(attrs: dict) -> str | None:

@@ -67,6 +67,10 @@ DEFAULT_QUIET_SECONDS = 60.0
 # The longest model name an agent version holds (its column).
 _MODEL_LENGTH = cast(String, AgentVersion.__table__.c.model.type).length or 200
 NOT_RECORDED = ""  # run_id of a span kept but not recorded in any run
+# Agent spans nested deeper than this are no run tree anyone delegated; such a trace is kept
+# and refused (the tree is built, read and verified recursively in places, which a sender must
+# not be able to push past Python's recursion limit).
+MAX_RUN_DEPTH = 100
 _INSERT_CHUNK = 500
 
 
@@ -238,18 +242,22 @@ def _agent_spans(rows: list[_Span]) -> set[str]:
 
 
 def _build(root: _Span, rows: list[_Span], agents: set[str]) -> _Node:
-    """The run tree under ``root``: each span belongs to its nearest agent ancestor."""
+    """The run tree under ``root``: each span belongs to its nearest agent ancestor. Parent ids
+    are the sender's: spans that name each other as parents (a cycle, over one export or
+    several) are each placed once, under the first of them reached from ``root``."""
     children: dict[str, list[_Span]] = defaultdict(list)
     for row in rows:
         if row.parent_span_id is not None:
             children[row.parent_span_id].append(row)
     top = _Node(root)
     stack = [(root, top)]
+    placed = {root.span_id}
     while stack:
         span, node = stack.pop()
         for child in children.get(span.span_id, []):
-            if child.run_id is not None:
+            if child.run_id is not None or child.span_id in placed:
                 continue
+            placed.add(child.span_id)
             if child.span_id in agents:
                 sub = _Node(child)
                 node.children.append(sub)
@@ -270,9 +278,13 @@ def _trees(rows: list[_Span], *, quiet: bool, settled: bool = True) -> list[_Nod
 
 
 def _nodes(node: _Node):
-    yield node
-    for child in node.children:
-        yield from _nodes(child)
+    """Every node of the tree, parents before children (a loop: a sender's tree may be deeper
+    than Python's recursion limit until ``_imported`` refuses it)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
 
 
 @dataclass(frozen=True)
@@ -561,7 +573,9 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
 
 
 def _imported(node: _Node, agents, owner_id: str, session_id: str | None,
-              announced: datetime | None = None) -> ImportedRun:
+              announced: datetime | None = None, depth: int = 1) -> ImportedRun:
+    if depth > MAX_RUN_DEPTH:
+        raise ValidationFailed(f"its agent spans nest more than {MAX_RUN_DEPTH} levels deep")
     events, user = _events(node, agents)
     agent_id, version = agents[node.run_id]
     created = node.row.start_at if announced is None else max(node.row.start_at, announced)
@@ -575,7 +589,7 @@ def _imported(node: _Node, agents, owner_id: str, session_id: str | None,
                       prior_redactions=node.row.redaction_count
                       + sum(span.redaction_count for span in node.content))
     announce = {e.data["child_run_id"]: e.at for e in events if e.type == "run.child_created"}
-    run.children = [_imported(c, agents, owner_id, None, announce[c.run_id])
+    run.children = [_imported(c, agents, owner_id, None, announce[c.run_id], depth + 1)
                     for c in node.children]
     return run
 

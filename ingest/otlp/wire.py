@@ -154,7 +154,8 @@ def _time(nanos: int) -> datetime:
 
 
 def spans_of(request: ExportTraceServiceRequest) -> tuple[list[ReceivedSpan], int]:
-    """The well-formed spans of an export, and how many were refused (bad ids or times)."""
+    """The well-formed spans of an export, and how many were refused (bad ids or times, or a
+    span that names itself as its parent)."""
     spans: list[ReceivedSpan] = []
     refused = 0
     for resource_spans in request.resource_spans:
@@ -165,6 +166,7 @@ def spans_of(request: ExportTraceServiceRequest) -> tuple[list[ReceivedSpan], in
                 if (len(span.trace_id) != 16 or len(span.span_id) != 8
                         or not any(span.trace_id) or not any(span.span_id)
                         or len(span.parent_span_id) not in (0, 8)
+                        or span.parent_span_id == span.span_id
                         or not span.start_time_unix_nano
                         or span.end_time_unix_nano < span.start_time_unix_nano):
                     refused += 1
