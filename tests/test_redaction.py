@@ -113,10 +113,31 @@ def test_a_pattern_with_a_comma_redacts_what_it_says():
     assert _redact("aa a b", "re:a{2,2}") == "[REDACTED:re] a b"
 
 
+def test_markers_stay_whole_and_a_second_pass_changes_nothing():
+    # [A-Z]{5,} matches REDACTED inside the marker the email detector leaves: it mangled it into
+    # "[[REDACTED:re]:email]", more with every pass (the answer is its redacted deltas, redacted
+    # again), and counted each mangling as a value.
+    redactor = Redactor(parse_rules("email,re:[A-Z]{5,},re:email|re"))
+    once = redactor.text("mail x@y.com code ABCDEF, re email")
+    assert once == "mail [REDACTED:email] code [REDACTED:re], [REDACTED:re] [REDACTED:re]"
+    assert redactor.count == 4
+    assert redactor.text(once) == once and redactor.count == 4
+    assert redactor.value({"a": [once, "ABCDEF"]}) == {"a": [once, "[REDACTED:re]"]}
+
+
+def test_an_empty_match_found_in_a_text_is_never_replaced():
+    # Only the start check stands between such a pattern and a marker between two characters;
+    # one it cannot see (nothing in its sample text is a Z) must not insert any either.
+    redactor = Redactor(parse_rules("re:(?=Z)|QQ"))
+    assert redactor.text("aZb QQ Z") == "aZb [REDACTED:re] Z" and redactor.count == 1
+
+
 @pytest.mark.parametrize(("raw", "says"), [
     ("emails", "unknown detector 'emails'"), ("email,ssn", "unknown detector 'ssn'"),
     ("re:", "re: needs a pattern"), ("re:(", "not a valid regular expression"),
     ("re:x*", "matches the empty string"), ("re:,email", "re: needs a pattern"),
+    # Empty matches inside a text, not of an empty text: markers between every two words.
+    (r"re:\b", "matches the empty string"), ("re:(?=x)", "matches the empty string"),
     ("re:a,,b", "unknown detector 'b'"),
     ("re:a{1,2},emial", "'emial' after the pattern 're:a{1,2}' looks like the detector 'email'"),
     ("re:a,Phone", "looks like the detector 'phone'"),

@@ -86,6 +86,14 @@ _BUILT_IN = {
 }
 
 
+# A marker already in a text (put there by an earlier rule, or by an earlier pass over the same
+# value: a run's answer is its redacted deltas, redacted again) is never matched again, so a
+# pattern that matches part of a marker cannot mangle it and a second pass changes nothing.
+_MARKER = re.compile(r"(\[REDACTED:(?:email|phone|card|secret|re)\])")
+# A pattern is tried on this text at start: one that finds an empty match in it (``\b``, a
+# lookahead alone, ``x*``) would put markers between characters, never around a value.
+_PROBE_TEXT = "Ab 12, x_y-z.w@q.org\n(+1) [k=v]!"
+
 # ``{3\x2c}``: a quantifier's comma written as an escape (an old workaround for commas in
 # patterns), which the ``re`` module reads as the literal text ``{3,}``, not as a repetition.
 _ESCAPED_QUANTIFIER_COMMA = re.compile(r"(?<!\\)\{\d*\\x2c\d*\}")
@@ -143,9 +151,11 @@ def parse_rules(raw: str | None) -> tuple[Rule, ...]:
                 raise RedactionConfigError(
                     f"AGENTLEDGER_REDACT: {word!r} is not a valid regular expression: {exc}"
                 ) from None
-            if pattern.search(""):
+            if pattern.search("") or any(
+                    not m.group(0) for m in pattern.finditer(_PROBE_TEXT)):
                 raise RedactionConfigError(
-                    f"AGENTLEDGER_REDACT: {word!r} matches the empty string")
+                    f"AGENTLEDGER_REDACT: {word!r} matches the empty string (it would put "
+                    "markers between characters); make it match at least one character")
             if _ESCAPED_QUANTIFIER_COMMA.search(source):
                 raise RedactionConfigError(
                     f"AGENTLEDGER_REDACT: {word!r} writes the comma of a {{m,n}} quantifier as "
@@ -182,11 +192,19 @@ class Redactor:
         if not self.rules:
             return value
         for rule in self.rules:
-            value = rule.pattern.sub(self._replacer(rule), value)
+            replace = self._replacer(rule)
+            if "[REDACTED:" in value:  # only the text between markers is matched
+                parts = _MARKER.split(value)  # markers at the odd indexes
+                value = "".join(part if i % 2 else rule.pattern.sub(replace, part)
+                                for i, part in enumerate(parts))
+            else:
+                value = rule.pattern.sub(replace, value)
         return value
 
     def _replacer(self, rule: Rule):
         def replace(match: re.Match[str]) -> str:
+            if not match.group(0):
+                return ""  # an empty match hides nothing (a pattern the start check let by)
             if rule.check is not None and not rule.check(match.group(0)):
                 return match.group(0)
             self.count += 1
