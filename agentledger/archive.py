@@ -25,6 +25,7 @@ from agentledger.core.evidence_format import (
     EvidenceProblem,
     gap_notes,
     legacy_gaps,
+    malformed,
     message_problems,
     run_problems,
     tree_problems,
@@ -292,7 +293,7 @@ class _FileCheck:
             pack = run.get("context_pack_snapshot")  # a malformed pack is reported above
             self.with_context += bool(isinstance(pack, dict) and pack.get("items"))
         except MALFORMED as exc:
-            self.problems.append(EvidenceProblem(rid, None, f"malformed record: {exc!r}"))
+            self.problems.append(EvidenceProblem(rid, None, f"malformed record: {malformed(exc)}"))
             whole = False
         self._join_tree(rid, record, whole)
         if self.ledger is not None:
@@ -319,7 +320,7 @@ class _FileCheck:
                 try:
                     found = tree_problems(self.tree, self.tree_root, holder="the file")
                 except MALFORMED as exc:
-                    found = [EvidenceProblem(None, None, f"malformed tree: {exc!r}")]
+                    found = [EvidenceProblem(None, None, f"malformed tree: {malformed(exc)}")]
                 self.problems += [p if p.run_id is not None
                                   else EvidenceProblem(self.tree_root, p.seq, p.problem)
                                   for p in found]

@@ -85,7 +85,7 @@ from ingest.runs import (
     request_checksum,
     snapshot_of,
 )
-from ingest.state_machine import Lease, next_status, row_changes
+from ingest.state_machine import EVENT_TARGET, Lease, next_status, row_changes
 
 DEFAULT_BATCH_RUNS = 2000
 
@@ -339,6 +339,7 @@ class BulkImporter:
         changes: dict[str, Any] = {}  # what the events do to the run row (state_machine.row_changes)
         lease = None
         announced: dict[str, datetime] = {}
+        told: list[tuple[int, str, Any]] = []  # run.child_finished: seq, child, status
         deltas: list[str] = []
         answer: str | None = None
         for n, event in enumerate(run.events, start=2):
@@ -361,6 +362,8 @@ class BulkImporter:
                 deltas.append(str(data.get("text", "")))
             elif event.type == "run.child_created":
                 announced[str(data.get("child_run_id"))] = at
+            elif event.type == "run.child_finished":
+                told.append((n, str(data.get("child_run_id")), data.get("status")))
             elif event.type == "run.completed":
                 content = data.pop("content", None)
                 answer = redactor.text("".join(deltas) if content is None else content)
@@ -374,6 +377,7 @@ class BulkImporter:
         child_ids = [c.id for c in run.children]
         if set(child_ids) != set(announced) or len(child_ids) != len(set(child_ids)):
             raise ValidationFailed(f"{where}: its children and its run.child_created events differ")
+        _check_children_told(where, run, told)
 
         finished_at = changes["finished_at"]
         started_at = changes.get("started_at")
@@ -703,6 +707,22 @@ def _drain(future) -> None:
         future.result()
     except BaseException:  # noqa: BLE001, S110 - the write's own error is what is raised
         pass
+
+
+def _check_children_told(where: str, run: ImportedRun, told: list[tuple[int, str, Any]]) -> None:
+    """A parent's ``run.child_finished`` is the ledger's word that a child ended so: it must name
+    one of the parent's children and the status that child's history ends in (an evidence bundle
+    checks the same, so an imported history that said otherwise would never verify)."""
+    children = {child.id: child for child in run.children}
+    for seq, child_id, status in told:
+        child = children.get(child_id)
+        if child is None:
+            raise ValidationFailed(f"{where} seq {seq}: run.child_finished names {child_id}, "
+                                   "not a child of this run")
+        ended = EVENT_TARGET.get(child.events[-1].type) if child.events else None
+        if status != ended:
+            raise ValidationFailed(f"{where} seq {seq}: run.child_finished says {child_id} ended "
+                                   f"{status}, its history ends {ended}")
 
 
 def _tree_size(run: ImportedRun) -> int:

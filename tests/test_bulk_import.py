@@ -223,6 +223,7 @@ def _bad_histories(chat):
     done = ev("run.completed", {}, 9)
     orphan = ImportedRun(agent_id="beta", agent_version=1, input="x", created_at=s(2), events=[
         ev("run.interrupted", {"reason": "parent_terminal"}, 3)])
+    announce = ev("run.child_created", {"child_run_id": orphan.id, "agent_id": "beta"}, 2)
     return {
         "no terminal event": (run(started(1)), IllegalTransition),
         "event after the terminal one": (run(started(1), done, ev("usage", {
@@ -241,6 +242,13 @@ def _bad_histories(chat):
         "unknown agent version": (run(started(1), done, version=9), UnknownAgent),
         "unknown agent": (run(started(1), done, agent="nobody"), UnknownAgent),
         "child not announced": (run(started(1), done, children=[orphan]), ValidationFailed),
+        # The parent's run.child_finished must say how its child's history ends (interrupted).
+        "child told to end otherwise": (run(started(1), announce, ev("run.child_finished", {
+            "child_run_id": orphan.id, "status": "succeeded"}, 4), done, children=[orphan]),
+            ValidationFailed),
+        "a stranger told finished": (run(started(1), announce, ev("run.child_finished", {
+            "child_run_id": "run_stranger", "status": "interrupted"}, 4), done,
+            children=[orphan]), ValidationFailed),
         "NUL in text": (run(started(1), ev("message.delta", {"text": "a\x00"}, 2), done), ValidationFailed),
     }
 

@@ -309,3 +309,49 @@ def test_the_database_verify_says_what_runs_recorded_before_the_digests_cannot_p
         "run.queued carried agent_snapshot_sha256 and context_pack_sha256"], notes
     with db.read(transaction=True) as s:  # a run with every digest adds no note
         assert verify_chains(s, run_id=editable_events["child"]).notes == ()
+
+
+def test_a_child_cut_short_after_its_end_contradicts_its_parents_word(tree, tmp_path, capsys):
+    """The parent's hashed ``run.child_finished`` says how the child ended. A child record cut
+    back to before its ``run.completed``, its row and head rewritten to match, was a chain that
+    verified on its own, and the bundle said OK."""
+    doc = _bundle(tree)
+    child = _record(doc, tree["child"])
+    assert child["events"].pop()["type"] == "run.completed"
+    child["run"].update(status="running", finished_at=None, final_message_id=None,
+                        last_event_seq=len(child["events"]))
+    doc["heads"][tree["child"]]["last_event_seq"] = len(child["events"])
+    _rechain(doc, child)
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1, out
+    told = next(e for e in _record(doc, tree["root"])["events"]
+                if e["type"] == "run.child_finished")
+    assert (f"TAMPERED run {tree['root']} seq {told['seq']}: run.child_finished says child run "
+            f"{tree['child']} ended succeeded; the bundle holds it running") in out, out
+
+
+def test_a_malformed_record_is_named_in_words_and_the_other_runs_are_still_checked(
+        tree, tmp_path, capsys):
+    """One run's record that lacks a field stopped the whole check with Python's words for it
+    (``KeyError('last_event_seq')``, ``AttributeError(...)``), 0 runs checked."""
+    doc = _bundle(tree)
+    del _record(doc, tree["child"])["run"]["last_event_seq"]
+    _record(doc, tree["root"])["events"][1]["data"]["executor_instance_id"] = "x"  # tampered
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1, out
+    assert (f"TAMPERED run {tree['child']}: malformed record: the field 'last_event_seq' is "
+            "missing") in out, out
+    assert f"TAMPERED run {tree['root']} seq 2: hash does not match the event" in out, out
+    assert "2 runs, 10 events checked" in out, out
+    doc = _bundle(tree)
+    created = next(e for e in _record(doc, tree["root"])["events"]
+                   if e["type"] == "run.child_created")
+    created["data"] = "not an object"
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1, out
+    assert ("TAMPERED bundle: malformed bundle: a value is not of the type the format has "
+            "('str' object has no attribute 'get')") in out, out
+    assert "Error(" not in out, out
+    del doc["heads"]
+    code, out = _verify(tmp_path, capsys, doc)
+    assert code == 1 and "TAMPERED bundle: malformed bundle: the field 'heads' is missing" in out

@@ -55,6 +55,15 @@ SNAPSHOT_DIGESTS = (("agent_snapshot_sha256", "agent_execution_snapshot"),
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
+def malformed(exc: Exception) -> str:
+    """What a malformed record or document lacks, as a sentence (not Python's words for it)."""
+    if isinstance(exc, KeyError):
+        return f"the field {exc.args[0]!r} is missing"
+    if isinstance(exc, IndexError):
+        return "a list is shorter than the format needs"
+    return f"a value is not of the type the format has ({exc})"
+
+
 @dataclass(frozen=True)
 class EvidenceProblem:
     """``run_id`` and ``seq`` name where it broke (``seq`` None for a snapshot or a link)."""
@@ -346,6 +355,15 @@ def tree_problems(runs: Mapping[str, dict[str, Any]], root_id: str, *,
                 elif runs[child]["run"]["parent_run_id"] != rid:
                     problems.append(EvidenceProblem(rid, event["seq"],
                                                     f"child run {child} names another parent"))
+            elif event["type"] == "run.child_finished":
+                # The parent's hashed word for how the child ended: a child record cut short
+                # after its end (its row and head rewritten to match) contradicts it.
+                child, told = event["data"].get("child_run_id"), event["data"].get("status")
+                found = runs[child]["run"]["status"] if child in runs else None
+                if found != told:
+                    problems.append(EvidenceProblem(
+                        rid, event["seq"], f"run.child_finished says child run {child} ended "
+                                           f"{told}; {holder} holds it {found or 'not at all'}"))
     for rid, record in runs.items():
         parent = record["run"]["parent_run_id"]
         if parent is not None and announced.get(rid) != parent:
@@ -457,21 +475,33 @@ def verify_bundle(doc: Any) -> BundleReport:
         runs = {record["run"]["id"]: record for record in records}
         heads = doc["heads"]
         contents = doc.get("context_contents") or {}
-        problems: list[EvidenceProblem] = []
-        if len(runs) != len(records):
-            problems.append(EvidenceProblem(None, None, "a run appears twice"))
-        for record in records:
+        events = sum(len(record["events"]) for record in records)
+    except MALFORMED as exc:
+        return BundleReport(0, 0, [EvidenceProblem(None, None, f"malformed bundle: "
+                                                               f"{malformed(exc)}")])
+    problems: list[EvidenceProblem] = []
+    if len(runs) != len(records):
+        problems.append(EvidenceProblem(None, None, "a run appears twice"))
+    whole = True
+    for record in records:
+        try:
             problems += run_problems(record, time_text=timestamp_text, contents=contents,
                                      heads=heads)
+        except MALFORMED as exc:  # this run cannot be checked; the others still are
+            problems.append(EvidenceProblem(record["run"]["id"], None,
+                                            f"malformed record: {malformed(exc)}"))
+            whole = False
+    notes: tuple[str, ...] = ()
+    try:
         for rid in sorted(set(heads) - set(runs)):
             problems.append(EvidenceProblem(rid, None, "heads names a run the bundle does not hold"))
-        problems += tree_problems(runs, doc["root_run_id"])
-        problems += _order_problems(records, doc["root_run_id"])
-        problems += _answer_problems(doc, runs)
-        notes = _notes(doc, runs)
+        if whole:  # the links read every record's fields
+            problems += tree_problems(runs, doc["root_run_id"])
+            problems += _order_problems(records, doc["root_run_id"])
+            problems += _answer_problems(doc, runs)
+            notes = _notes(doc, runs)
     except MALFORMED as exc:
-        return BundleReport(0, 0, [EvidenceProblem(None, None, f"malformed bundle: {exc!r}")])
-    events = sum(len(r["events"]) for r in records)
+        problems.append(EvidenceProblem(None, None, f"malformed bundle: {malformed(exc)}"))
     return BundleReport(len(runs), events, problems, notes)
 
 
