@@ -200,6 +200,31 @@ def test_a_send_is_retried_after_a_503_and_a_429_with_retry_after(server, alice)
     assert [r["id"] for r in _runs_of(server, session["id"])] == [posted["run_id"]]
 
 
+def test_a_successful_answer_that_is_no_json_raises_api_error(server, alice):
+    """A captive portal or a proxy's page can answer 200: the client raised a bare
+    ``JSONDecodeError`` (and ``KeyError`` for a stream frame without an event) where the
+    contract promises ``ApiError``."""
+    session = alice.create_session("echo")
+    run_id = alice.send_message(session["id"], "hello")["run_id"]
+    portal = canned(200, "OK", body=b"<html>Sign in to the hotel wifi</html>",
+                    content_type="text/html")
+    frame = canned(200, "OK", body=b"id: 1\nevent: run.queued\ndata: <b>rewritten</b>\n\n",
+                   content_type="text/event-stream")
+    with FaultProxy(server["port"], {1: ("canned", portal), 2: ("canned", portal),
+                                     3: ("canned", frame)}) as proxy, \
+            LedgerClient(proxy.base_url, server["tokens"]["alice"], retry=FAST_RETRY) as client, \
+            ExecutorClient(proxy.base_url, server["tokens"]["executor"], "portal-exec",
+                           retry=FAST_RETRY) as executor:
+        for call, shown in ((lambda: client.get_run(run_id), "Sign in to the hotel wifi"),
+                            (lambda: executor.claim(), "Sign in to the hotel wifi"),
+                            (lambda: list(client.stream_events(run_id)), "<b>rewritten</b>")):
+            with pytest.raises(ApiError) as caught:
+                call()
+            assert (caught.value.status, caught.value.code) == (200, "unexpected_response")
+            assert shown in caught.value.message
+        assert proxy.faulted == [1, 2, 3]
+
+
 def test_a_read_after_a_503_waits_the_retry_after_it_names(server, alice):
     """``database_unavailable`` answers 503 with ``Retry-After: 1``: a safe request comes back
     after that second, not after the policy's first, shorter backoff."""

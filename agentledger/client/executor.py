@@ -12,7 +12,14 @@ import httpx
 
 from agentledger.client.errors import ApiError
 from agentledger.client.ledger import checked_idempotency_key, new_idempotency_key
-from agentledger.client.transport import SAFE, UNSENT, RetryPolicy, Transport, segment
+from agentledger.client.transport import (
+    SAFE,
+    UNSENT,
+    RetryPolicy,
+    Transport,
+    json_of,
+    segment,
+)
 
 log = logging.getLogger("agentledger.client")
 
@@ -60,8 +67,8 @@ class ExecutorClient:
 
     def _post(self, path: str, body: dict, retry: str, *, unsent_seconds: float = 0.0,
               headers: dict[str, Any] | None = None) -> Any:
-        return self._http.request("POST", path, json=body, retry=retry, headers=headers,
-                                  unsent_seconds=unsent_seconds).json()
+        return json_of(self._http.request("POST", path, json=body, retry=retry, headers=headers,
+                                          unsent_seconds=unsent_seconds))
 
     # ---- the executor routes -------------------------------------------------------------
 
@@ -132,11 +139,11 @@ class ExecutorClient:
     # ---- what an executor may read: any run and its events -------------------------------
 
     def get_run(self, run_id: str) -> dict:
-        return self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}").json()
+        return json_of(self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}"))
 
     def events(self, run_id: str, after_seq: int = 0) -> dict:
-        return self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}/events",
-                                  params={"after_seq": after_seq}).json()
+        return json_of(self._http.request("GET", f"/api/agent-runs/{segment(run_id, 'run')}/events",
+                                          params={"after_seq": after_seq}))
 
     # ---- a worker ------------------------------------------------------------------------
 

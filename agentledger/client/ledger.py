@@ -20,6 +20,7 @@ from agentledger.client.transport import (
     bounded,
     error_from,
     interrupted_at,
+    json_of,
     seconds_left,
     segment,
     sleep_until,
@@ -48,6 +49,20 @@ def checked_idempotency_key(key: str) -> str:
         raise ValueError(f"idempotency_key must be 1-{IDEMPOTENCY_KEY_LENGTH} printable "
                          f"characters, without a space at either end; got {key!r:.80}")
     return key
+
+
+def _event_of(data: list[str], response: httpx.Response) -> dict:
+    """One event stream frame's event, or ``ApiError`` (``unexpected_response``) for a frame
+    that holds none (what sits between the client and the ledger may rewrite a stream)."""
+    text = "\n".join(data)
+    try:
+        event = json.loads(text)
+        if isinstance(event, dict) and isinstance(event["seq"], int) and event["type"]:
+            return event
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise ApiError(response.status_code, "unexpected_response",
+                   f"an event stream frame holds no event: {text[:200]}", dict(response.headers))
 
 
 class LedgerClient:
@@ -79,7 +94,7 @@ class LedgerClient:
         self.close()
 
     def _json(self, method: str, path: str, **kwargs) -> Any:
-        return self._http.request(method, path, **kwargs).json()
+        return json_of(self._http.request(method, path, **kwargs))
 
     # ---- sessions and messages -----------------------------------------------------------
 
@@ -209,7 +224,7 @@ class LedgerClient:
                                     retry_hint = parser.retry_ms / 1000
                                 alive = alive or parser.comments > 0
                                 if frame is not None:
-                                    event = json.loads("\n".join(frame.data))
+                                    event = _event_of(frame.data, response)
                                     if event["seq"] > last:  # never repeat an event
                                         last = event["seq"]
                                         alive = True

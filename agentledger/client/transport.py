@@ -154,6 +154,17 @@ def retry_after_seconds(response: httpx.Response) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
+def json_of(response: httpx.Response) -> Any:
+    """The JSON body of a successful answer, or ``ApiError`` (``unexpected_response``) when it
+    is none: a proxy's or a captive portal's page can answer 200 too."""
+    try:
+        return response.json()
+    except ValueError:
+        text = response.text.strip()[:200] or response.reason_phrase
+        raise ApiError(response.status_code, "unexpected_response",
+                       f"the answer is not JSON: {text}", dict(response.headers)) from None
+
+
 def error_from(response: httpx.Response) -> ApiError:
     """The ``ApiError`` of an error answer (its body read)."""
     try:

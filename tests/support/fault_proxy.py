@@ -113,8 +113,9 @@ def _close(sock: socket.socket) -> None:
 
 
 def canned(status: int, reason: str, *, headers: dict[str, str] | None = None,
-           body: bytes = b'{"error": {"code": "unavailable", "message": "try again"}}') -> bytes:
-    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json",
+           body: bytes = b'{"error": {"code": "unavailable", "message": "try again"}}',
+           content_type: str = "application/json") -> bytes:
+    head = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}", "Connection: close"]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
