@@ -166,6 +166,8 @@ def _check_worker_arguments(parser: argparse.ArgumentParser, args) -> None:
     without ``--api`` the worker would first check (and for SQLite create) the database."""
     if (args.api is None) != (args.token is None):
         parser.error("--api and --token go together (an executor token for that server)")
+    if args.api is not None and not args.api.startswith(("http://", "https://")):
+        parser.error(f"--api must be an http:// or https:// URL, got {args.api!r}")
     if args.instance_id is not None:
         from agentledger.core.errors import ValidationFailed
         from ingest.leases import check_executor_instance_id
@@ -220,14 +222,22 @@ def _port(text: str) -> int:
     return _whole_number(text, 1, 65535, what="a port number")
 
 
+MAX_DAYS = 36_500  # a century: any retention horizon an operator means
+
+
 def _days(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of days, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more days, got {text}")
+    if not 0 <= value <= MAX_DAYS:  # beyond it the horizon is before year 1: an overflow
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_DAYS} days, got {text}")
     return value
+
+
+def _seed_days(text: str) -> int:
+    """Demo history reaches back at most ten years: the read routes' date filters start at 1900."""
+    return _whole_number(text, 1, 3650, what="a whole number of days")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = demo.add_parser("seed", help="write realistic history through the ingest path")
     p.add_argument("--runs", type=_at_least_one, default=300,
                    help="root runs to write (default: 300)")
-    p.add_argument("--days", type=_at_least_one, default=14,
+    p.add_argument("--days", type=_seed_days, default=14,
                    help="spread them over this many past days (default: 14)")
     p.add_argument("--seed", type=int, default=None, help="random seed (repeatable data)")
     p.set_defaults(func=cmd_demo_seed)

@@ -27,7 +27,12 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from agentledger.core import dialect
-from agentledger.core.config import MAX_CLAIM, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from agentledger.core.config import (
+    MAX_CLAIM,
+    MAX_INSTANCE_ID_LENGTH,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+)
 from agentledger.core.database import read_all
 from agentledger.core.driver_statements import one_of
 from agentledger.core.errors import IllegalTransition, LeaseLost, NotFound, ValidationFailed
@@ -59,8 +64,12 @@ class ClaimedRun:
 
 
 def check_executor_instance_id(executor_instance_id: str) -> None:
-    """Refuse a claim under the name that runs recorded from traces carry: those hold no lease,
-    and lease health leaves them out of its executors, where a live executor must show."""
+    """Refuse a claim under no name, a name longer than the column holds, or the name that runs
+    recorded from traces carry: those hold no lease, and lease health leaves them out of its
+    executors, where a live executor must show."""
+    if not 1 <= len(executor_instance_id) <= MAX_INSTANCE_ID_LENGTH:
+        raise ValidationFailed(
+            f"executor_instance_id must be 1 to {MAX_INSTANCE_ID_LENGTH} characters")
     if executor_instance_id.startswith(RECORDED_EXECUTOR_PREFIX):
         raise ValidationFailed(
             f"executor_instance_id must not start with {RECORDED_EXECUTOR_PREFIX!r}: that prefix "

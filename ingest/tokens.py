@@ -24,8 +24,10 @@ def create_token(session: Session, *, owner_id: str, role: str) -> tuple[str, st
     if role not in ROLES:
         raise ValidationFailed(f"role must be one of {', '.join(ROLES)}")
     owner_id = owner_id.strip()
-    if not owner_id or len(owner_id) > 200:
-        raise ValidationFailed("owner must be 1 to 200 characters")
+    # Printable: an owner id is shown in lists and logs, and filtered on exactly (a newline or
+    # a control character in it would read as something else there).
+    if not owner_id or len(owner_id) > 200 or not owner_id.isprintable():
+        raise ValidationFailed("owner must be 1 to 200 printable characters")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = new_id("tok")
     session.execute(

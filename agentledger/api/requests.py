@@ -9,7 +9,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
-from agentledger.core.config import MAX_CLAIM, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from agentledger.core.config import (
+    MAX_CLAIM,
+    MAX_INSTANCE_ID_LENGTH,
+    MAX_LEASE_SECONDS,
+    MIN_LEASE_SECONDS,
+)
 from agentledger.core.hashing import is_storable_text
 from agentledger.core.vocabulary import InterruptReason, RunStatus
 
@@ -131,7 +136,7 @@ class EventsQuery(Strict):
 
 
 class ClaimBody(Strict):
-    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=MAX_INSTANCE_ID_LENGTH)
     max_runs: int = Field(default=1, ge=1, le=MAX_CLAIM)
     lease_seconds: float | None = Field(default=None, ge=MIN_LEASE_SECONDS, le=MAX_LEASE_SECONDS)
     wait_seconds: float = Field(
@@ -142,7 +147,7 @@ class ClaimBody(Strict):
 
 
 class HeartbeatBody(Strict):
-    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=MAX_INSTANCE_ID_LENGTH)
 
 
 class ExecutorEvent(Strict):
@@ -151,12 +156,12 @@ class ExecutorEvent(Strict):
 
 
 class AppendEventsBody(Strict):
-    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=MAX_INSTANCE_ID_LENGTH)
     events: list[ExecutorEvent] = Field(min_length=1, max_length=1000)
 
 
 class CreateChildBody(Strict):
-    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=MAX_INSTANCE_ID_LENGTH)
     agent_id: str = Field(pattern=AGENT_ID_PATTERN)
     input: StorableText = Field(min_length=1, max_length=MAX_CONTENT)
 
@@ -172,7 +177,7 @@ class MemoryCall(Strict):
     """Every memory route works on the thread of the run in its path, for the executor holding
     its lease; a body never names a thread."""
 
-    executor_instance_id: StorableText = Field(min_length=1, max_length=200)
+    executor_instance_id: StorableText = Field(min_length=1, max_length=MAX_INSTANCE_ID_LENGTH)
 
 
 class TypedValue(Strict):
@@ -278,7 +283,7 @@ class InterruptedQuery(ListQuery):
     interrupted_after: WindowDateTime | None = None
     interrupted_before: WindowDateTime | None = None
     reason: InterruptReason | None = None
-    executor_instance_id: StorableText | None = Field(default=None, max_length=200)
+    executor_instance_id: StorableText | None = Field(default=None, max_length=MAX_INSTANCE_ID_LENGTH)
     agent_id: str | None = Field(default=None, max_length=63)
 
 

@@ -18,10 +18,14 @@ SUPPORTED_DATABASES = ("sqlite (sqlite:///PATH) and postgresql+psycopg "
 CONNECT_CHECK_TIMEOUT_SECONDS = 10
 # What a claim may ask for (``ingest.leases``, the executor routes): its lease, in seconds (a
 # process whose AGENTLEDGER_LEASE_SECONDS is outside them stops at start instead of having every
-# claim refused), and how many runs (an executor with more slots claims in turns).
+# claim refused), how many runs (an executor with more slots claims in turns), under what name.
 MIN_LEASE_SECONDS = 1
 MAX_LEASE_SECONDS = 3600
 MAX_CLAIM = 100
+MAX_INSTANCE_ID_LENGTH = 200  # what agent_run.executor_instance_id holds
+# The longest interval any seconds setting may name: beyond it a timer cannot be computed
+# (``inf`` or 1e10 seconds overflow a timestamp), and nothing an operator means is that long.
+MAX_SETTING_SECONDS = 86_400
 # The server's own words around the reason of a failed connection (psycopg / libpq), dropped
 # so that the one line says only what went wrong.
 _CONNECT_NOISE = re.compile(
@@ -44,13 +48,16 @@ def _float_env(name: str, default: float, *, zero_ok: bool = False) -> float:
         value = float(raw)
     except ValueError as exc:
         raise SystemExit(f"{name} must be a number of seconds, got {raw!r}") from exc
-    if value < 0 or (value == 0 and not zero_ok) or value != value:
-        raise SystemExit(f"{name} must be {'0 or more' if zero_ok else 'positive'}, "
-                         f"got {raw!r}")
+    low_enough = value <= MAX_SETTING_SECONDS  # NaN fails both comparisons
+    if not (low_enough and (value >= 0 if zero_ok else value > 0)):
+        raise SystemExit(f"{name} must be {'0 or more' if zero_ok else 'positive'} and at most "
+                         f"{MAX_SETTING_SECONDS} seconds, got {raw!r}")
     return value
 
 
-def _count_env(name: str, default: int) -> int:
+def count_env(name: str, default: int, *, minimum: int = 0, maximum: int) -> int:
+    """A whole-number setting from ``minimum`` to ``maximum``; anything else stops the process
+    naming the variable (the commands print it as one line)."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -58,9 +65,16 @@ def _count_env(name: str, default: int) -> int:
         value = int(raw)
     except ValueError as exc:
         raise SystemExit(f"{name} must be a whole number, got {raw!r}") from exc
-    if value < 0:
-        raise SystemExit(f"{name} must not be negative, got {raw!r}")
+    if not minimum <= value <= maximum:
+        raise SystemExit(f"{name} must be from {minimum} to {maximum:,}, got {raw!r}")
     return value
+
+
+def event_copy_batch() -> int:
+    """``AGENTLEDGER_EVENT_COPY_BATCH``: events per copy statement when ``db upgrade`` converts
+    ``run_event`` to partitions (progress is printed after each). Read by that migration when it
+    runs, and checked by every command at start (``Settings.check``)."""
+    return count_env("AGENTLEDGER_EVENT_COPY_BATCH", 200_000, minimum=1, maximum=10_000_000)
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -84,7 +98,8 @@ def _bool_env(name: str) -> bool:
 class Settings:
     """Everything the processes need to know, with the contract's defaults. A yes/no setting
     is yes for 1, true, yes, on and no for 0, false, no, off or empty (any case); any other
-    value stops the process at start, naming the variable.
+    value stops the process at start, naming the variable, as does a number out of its range
+    (every seconds setting at most ``MAX_SETTING_SECONDS``).
 
     database_url       AGENTLEDGER_DATABASE_URL        sqlite:///agentledger.db
     lease_seconds      AGENTLEDGER_LEASE_SECONDS       30
@@ -149,9 +164,10 @@ class Settings:
             reconcile_seconds=_float_env("AGENTLEDGER_RECONCILE_SECONDS", 5.0),
             secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
-            run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600),
+            run_rate_limit=count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600, maximum=1_000_000),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
-            read_replica_max_wait_ms=_count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100),
+            read_replica_max_wait_ms=count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100,
+                                               maximum=60_000),
             read_replica_retry_seconds=_float_env("AGENTLEDGER_READ_REPLICA_RETRY_SECONDS", 5.0),
             secure_cookies=_bool_env("AGENTLEDGER_SECURE_COOKIES"),
             redact=os.environ.get("AGENTLEDGER_REDACT", ""),
@@ -209,6 +225,7 @@ class Settings:
                 f"least 0 and below AGENTLEDGER_OTLP_QUIET_SECONDS "
                 f"({self.otlp_quiet_seconds:g}): a trace quiet that long is written anyway")
         self.redaction_rules()  # a bad AGENTLEDGER_REDACT stops the process at start
+        event_copy_batch()
         self.checkpoint_type_allowlist()
 
     def check_database(self, *, schema: bool = False) -> None:

@@ -115,10 +115,8 @@ def _run_remote_worker(settings: Settings, *, instance_id: str | None, concurren
                        api_url: str | None, token: str | None) -> int:
     from agentledger.client import ApiError, ExecutorClient
 
-    if not api_url or not token:
+    if not api_url or not token:  # the command line refuses these first (agentledger.cli)
         raise SystemExit("--api and --token go together (an executor token for that server)")
-    if not api_url.startswith(("http://", "https://")):
-        raise SystemExit(f"--api must be an http:// or https:// URL, got {api_url!r}")
     tune_for_long_running_process()
     # One line per claim at INFO (httpx logs every request): twice a second of noise while idle.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -16,7 +16,6 @@ measured rate). The downgrade converts back to one plain table the same way. SQL
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -24,15 +23,14 @@ from datetime import UTC, datetime
 from alembic import op
 from sqlalchemy import Connection, text
 
+from agentledger.core.config import event_copy_batch
+
 revision = '0013'
 down_revision = '0012'
 branch_labels = None
 depends_on = None
 
 OLD = "run_event_before_rebuild"
-# Events per copy statement (progress is printed after each); a knob for operators who want
-# finer progress, and for the test that watches it.
-BATCH = int(os.environ.get("AGENTLEDGER_EVENT_COPY_BATCH", "200000"))
 COLUMNS = "run_id, seq, type, data, created_at, hash"
 # The layout as it was when this migration shipped (agentledger.core.event_partitions keeps
 # making partitions the same way afterwards): months of ULID time, ids before 2020 or of another
@@ -83,7 +81,7 @@ def _rebuild(conn: Connection, *, partitioned: bool) -> None:
     sql("CREATE TRIGGER run_event_append_only BEFORE UPDATE OR DELETE ON run_event "
         "FOR EACH ROW EXECUTE FUNCTION agentledger_event_guard()")
     sql("ANALYZE run_event")
-    if total >= BATCH:
+    if total >= event_copy_batch():
         _say(f"run_event: {total:,} events converted; counts match")
 
 
@@ -139,19 +137,21 @@ def _id_time(run_id: str) -> datetime:
 
 
 def _copy(conn: Connection, total: int) -> int:
-    """Copy every event in primary-key order, ``BATCH`` at a time (keyset pages on the old
-    primary key), saying how far it got when there is more than one batch."""
+    """Copy every event in primary-key order, ``AGENTLEDGER_EVENT_COPY_BATCH`` at a time
+    (keyset pages on the old primary key), saying how far it got when there is more than one
+    batch."""
+    batch = event_copy_batch()
     started, copied, after = time.monotonic(), 0, None
     while True:
         upper = conn.execute(text(
             f"SELECT run_id, seq FROM {OLD} WHERE {_after(after)} "
             "ORDER BY run_id, seq OFFSET :n LIMIT 1"),
-            {"n": BATCH - 1, **_key("a", after)}).first()
+            {"n": batch - 1, **_key("a", after)}).first()
         bound = "" if upper is None else " AND (run_id, seq) <= (:b_run, :b_seq)"
         copied += conn.execute(text(
             f"INSERT INTO run_event ({COLUMNS}) SELECT {COLUMNS} FROM {OLD} "
             f"WHERE {_after(after)}{bound}"), {**_key("a", after), **_key("b", upper)}).rowcount
-        if total >= BATCH:
+        if total >= batch:
             _say(f"run_event: {copied:,} of {total:,} events copied "
                  f"({100 * copied // max(total, 1)} %), {time.monotonic() - started:.0f} s")
         if upper is None:
