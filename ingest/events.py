@@ -123,8 +123,10 @@ def replayed_append(run, key: AppendKey | None, count: int) -> AppendResult | No
     if key is None or run.last_append_key_hash != key.key_hash:
         return None
     if run.last_append_checksum != key.checksum:
-        raise IdempotencyConflict("this Idempotency-Key was already used for a different append "
-                                  "to this run; use a new key")
+        # A delegation is an append to its parent (its run.child_created) under the same key.
+        raise IdempotencyConflict("this Idempotency-Key was already used for a different "
+                                  "request to this run (an append or a delegation); use a new "
+                                  "key")
     first = run.last_append_first_seq
     return AppendResult(run_id=run.id, seqs=list(range(first, first + count)), status=run.status,
                         cancel_requested=run.status == "cancelling")

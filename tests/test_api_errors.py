@@ -170,6 +170,17 @@ def test_malformed_json_is_400_invalid_request(api, chat, raw):
     assert row_counts(api.db) == before
 
 
+def test_a_number_too_long_to_read_is_400_in_words_about_the_body(api, chat):
+    # Python's guard spoke of itself: "use sys.set_int_max_str_digits() to increase the limit".
+    before = row_counts(api.db)
+    reply = api.post(f"/api/sessions/{chat}/messages", api.alice,
+                     data=b'{"content": "hi", "n": ' + b"7" * 5_000 + b"}",
+                     headers={"Idempotency-Key": unique()})
+    assert_error(reply, 400, "invalid_request")
+    assert reply.json()["error"]["message"] == "the body holds a number of more than 4300 digits"
+    assert row_counts(api.db) == before
+
+
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 3_000, 50_000])
 def test_a_body_nested_too_deeply_is_400_invalid_request(api, chat, depth):
     """Deep nesting, a few KB of brackets, would exhaust the recursion of whatever reads it."""
@@ -335,6 +346,16 @@ def test_invalid_message_bodies_are_422_and_write_nothing(api, chat, body):
 def test_content_of_exactly_32000_characters_is_accepted(api, chat):
     reply = send(api, api.alice, chat, "y" * 32_000)
     assert reply.status == 202
+
+
+def test_a_text_beyond_its_length_is_measured_in_characters(api, chat):
+    # pydantic said "Value should have at most 500 items after validation, not 501".
+    reply = api.post("/api/sessions", api.alice, json={"agent_id": "echo", "title": "t" * 501})
+    assert_error(reply, 422, "validation_error")
+    assert reply.json()["error"]["message"] == "title: should have at most 500 characters, not 501"
+    reply = api.get("/api/messages", api.viewer, query={"q": "q" * 201})
+    assert_error(reply, 400, "invalid_request")
+    assert reply.json()["error"]["message"] == "query: q: should have at most 200 characters, not 201"
 
 
 @pytest.mark.parametrize("path,body", [

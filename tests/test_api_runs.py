@@ -196,6 +196,7 @@ def test_event_stream_through_the_test_client(api, chat):
     assert [f.json()["seq"] for f in SSEParser().feed(after.body) if f.is_event] == [5]
     done = api.get(url, api.alice, headers={"Accept": "text/event-stream", "Last-Event-ID": "5"})
     assert done.status == 204 and done.body == b""
+    assert "Content-Type" not in done.headers  # no body, so no type (Flask's text/html was)
 
 
 def test_an_event_stream_leaves_no_subscription_behind(api, chat):

@@ -54,6 +54,13 @@ def _pydantic_message(exc: ValidationError) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "is not an accepted field"
+        elif err["type"] in ("too_long", "too_short") and isinstance(err.get("input"), str):
+            # A text field's limit applied after its own validator reads, in pydantic's words,
+            # "Value should have at most 500 items after validation".
+            bound = err.get("ctx", {}).get("max_length" if err["type"] == "too_long"
+                                           else "min_length")
+            msg = (f"should have at {'most' if err['type'] == 'too_long' else 'least'} {bound} "
+                   f"characters, not {len(err['input'])}")
         parts.append(f"{where}: {msg}")
     return "; ".join(parts)
 

@@ -9,6 +9,7 @@ payload the ledger stores needs to nest anywhere near ``MAX_JSON_DEPTH``.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from agentledger.core.errors import InvalidRequest
@@ -44,6 +45,10 @@ def parse_json_body(raw: bytes | str) -> Any:
     except RecursionError as exc:
         raise InvalidRequest(TOO_DEEP) from exc
     except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            # Python's own guard against slow conversions, in words about Python.
+            raise InvalidRequest(f"the body holds a number of more than "
+                                 f"{sys.get_int_max_str_digits()} digits") from exc
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
     if isinstance(payload, dict | list) and nests_too_deep(raw, payload):
         raise InvalidRequest(TOO_DEEP)
