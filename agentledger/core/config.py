@@ -70,11 +70,11 @@ def count_env(name: str, default: int, *, minimum: int = 0, maximum: int) -> int
     return value
 
 
-def event_copy_batch() -> int:
+def check_event_copy_batch() -> None:
     """``AGENTLEDGER_EVENT_COPY_BATCH``: events per copy statement when ``db upgrade`` converts
-    ``run_event`` to partitions (progress is printed after each). Read by that migration when it
-    runs, and checked by every command at start (``Settings.check``)."""
-    return count_env("AGENTLEDGER_EVENT_COPY_BATCH", 200_000, minimum=1, maximum=10_000_000)
+    ``run_event`` to partitions (migration 0013, which reads it when it runs; migrations import
+    nothing of the project). Every command checks its range at start (``Settings.check``)."""
+    count_env("AGENTLEDGER_EVENT_COPY_BATCH", 200_000, minimum=1, maximum=10_000_000)
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -225,7 +225,7 @@ class Settings:
                 f"least 0 and below AGENTLEDGER_OTLP_QUIET_SECONDS "
                 f"({self.otlp_quiet_seconds:g}): a trace quiet that long is written anyway")
         self.redaction_rules()  # a bad AGENTLEDGER_REDACT stops the process at start
-        event_copy_batch()
+        check_event_copy_batch()
         self.checkpoint_type_allowlist()
 
     def check_database(self, *, schema: bool = False) -> None:

@@ -16,14 +16,13 @@ measured rate). The downgrade converts back to one plain table the same way. SQL
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import UTC, datetime
 
 from alembic import op
 from sqlalchemy import Connection, text
-
-from agentledger.core.config import event_copy_batch
 
 revision = '0013'
 down_revision = '0012'
@@ -32,6 +31,13 @@ depends_on = None
 
 OLD = "run_event_before_rebuild"
 COLUMNS = "run_id, seq, type, data, created_at, hash"
+
+
+def event_copy_batch() -> int:
+    """Events per copy statement (progress is printed after each): ``AGENTLEDGER_EVENT_COPY_BATCH``,
+    read when the migration runs, not when it is loaded. Every command has checked its range at
+    start (``agentledger.core.config``), so a value here is a whole number from 1."""
+    return int(os.environ.get("AGENTLEDGER_EVENT_COPY_BATCH") or 200_000)
 # The layout as it was when this migration shipped (agentledger.core.event_partitions keeps
 # making partitions the same way afterwards): months of ULID time, ids before 2020 or of another
 # layout in the default partition, two months ahead.
