@@ -123,6 +123,7 @@ def test_smoke_bench_on_sqlite(tmp_path):
     assert result["machine"]["database"] == "sqlite"
 
 
+@pytest.mark.slow  # a bench command in a process of its own
 @pytest.mark.timeout(300)
 def test_sqlite_peer_bench_writes_its_rows(tmp_path):
     """``python -m bench.sqlite_peer``: the peer workload on a fresh SQLite file, its rows in a
@@ -140,6 +141,7 @@ def test_sqlite_peer_bench_writes_its_rows(tmp_path):
     assert "| trivial runs/s, concurrency 50 |" in written.with_suffix(".md").read_text()
 
 
+@pytest.mark.slow  # a bench command in a process of its own
 @pytest.mark.timeout(300)
 def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
     done = bench_command("bench.ingest_cpu", "--db", fresh_pg_url, "--ops", "20", timeout=240)
@@ -151,6 +153,7 @@ def test_ingest_cpu_bench_prints_every_operation_beside_raw(fresh_pg_url):
         assert all(float(c) > 0 for c in cells), line
 
 
+@pytest.mark.slow  # a bench command in a process of its own
 @pytest.mark.timeout(300)
 def test_storage_bench_sizes_plain_and_partitioned_tables_and_archives(fresh_pg_url):
     """``python -m bench.storage``: ``agent_run`` and ``message`` are plain tables, for which

@@ -122,6 +122,7 @@ def _acceptable(reply) -> str | None:
     return f"{reply.status_code} {reply.get_data()[:160]!r}"
 
 
+@pytest.mark.slow  # thousands of requests: every dependency × every hostile value
 def test_every_callback_answers_any_json_value_without_a_500(site, ledger):
     client = site["page"]
     callback_map = site["app"].extensions["agentledger_dash"].callback_map
@@ -172,6 +173,7 @@ def _route(client, pathname: Any, search: Any):
         "state": [], "changedPropIds": ["_pages_location.pathname"]})
 
 
+@pytest.mark.slow  # every page × every filter × every hostile value
 def test_every_page_opens_on_any_url(site):
     client = site["page"]
     failures = []

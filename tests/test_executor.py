@@ -500,6 +500,7 @@ ALIVE_LEASE, ALIVE_BEAT = 5, 0.5
 ALIVE_STEP = 3 * ALIVE_LEASE
 
 
+@pytest.mark.slow  # three leases of a sleeping step, on each database
 def test_heartbeats_keep_a_long_step_alive(db, executors):
     sleeper(db, "long", ALIVE_STEP)
     posted = post(db, make_session(db, agent_id="long"), "x")
