@@ -55,7 +55,7 @@ def _float_env(name: str, default: float, *, zero_ok: bool = False) -> float:
     return value
 
 
-def count_env(name: str, default: int, *, minimum: int = 0, maximum: int) -> int:
+def _count_env(name: str, default: int, *, minimum: int = 0, maximum: int) -> int:
     """A whole-number setting from ``minimum`` to ``maximum``; anything else stops the process
     naming the variable (the commands print it as one line)."""
     raw = os.environ.get(name)
@@ -74,7 +74,7 @@ def check_event_copy_batch() -> None:
     """``AGENTLEDGER_EVENT_COPY_BATCH``: events per copy statement when ``db upgrade`` converts
     ``run_event`` to partitions (migration 0013, which reads it when it runs; migrations import
     nothing of the project). Every command checks its range at start (``Settings.check``)."""
-    count_env("AGENTLEDGER_EVENT_COPY_BATCH", 200_000, minimum=1, maximum=10_000_000)
+    _count_env("AGENTLEDGER_EVENT_COPY_BATCH", 200_000, minimum=1, maximum=10_000_000)
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -164,9 +164,9 @@ class Settings:
             reconcile_seconds=_float_env("AGENTLEDGER_RECONCILE_SECONDS", 5.0),
             secret_key=os.environ.get("AGENTLEDGER_SECRET_KEY") or None,
             sse_keepalive_seconds=_float_env("AGENTLEDGER_SSE_KEEPALIVE_SECONDS", 15.0),
-            run_rate_limit=count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600, maximum=1_000_000),
+            run_rate_limit=_count_env("AGENTLEDGER_RUN_RATE_LIMIT", 600, maximum=1_000_000),
             read_database_url=os.environ.get("AGENTLEDGER_READ_DATABASE_URL") or None,
-            read_replica_max_wait_ms=count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100,
+            read_replica_max_wait_ms=_count_env("AGENTLEDGER_READ_REPLICA_MAX_WAIT_MS", 100,
                                                maximum=60_000),
             read_replica_retry_seconds=_float_env("AGENTLEDGER_READ_REPLICA_RETRY_SECONDS", 5.0),
             secure_cookies=_bool_env("AGENTLEDGER_SECURE_COOKIES"),

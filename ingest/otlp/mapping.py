@@ -113,8 +113,9 @@ def is_tool_span(attrs: dict) -> bool:
 def slug(name: str) -> str:
     """An agent id made of a name: accents dropped, lower case, each run of other characters a
     dash, at most 63 characters. A name with letters, digits or symbols that have no ASCII form
-    (助手, Агент, an emoji; punctuation is a separator like any other) keeps a digest of itself as a suffix: without it every such name would be
-    the same id (``agent``), and one agent's answers would be filed under another's."""
+    (助手, Агент, an emoji; punctuation is a separator like any other) keeps a digest of itself
+    as a suffix: without it every such name would be the same id (``agent``), and one agent's
+    answers would be filed under another's."""
     decomposed = unicodedata.normalize("NFKD", name)
     base = _SLUG.sub("-", decomposed.encode("ascii", "ignore").decode().lower()).strip("-")
     if all(ch.isascii() or ch.isspace() or unicodedata.combining(ch)
