@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 
 from agentledger.core.errors import ValidationFailed
 from agentledger.core.hashing import storable_json
+from agentledger.core.json_limits import MAX_ERROR_MESSAGE
 from agentledger.core.vocabulary import InterruptReason
 
 
@@ -69,7 +70,7 @@ class AgentHandoff(_Data):
 
 class ErrorInfo(BaseModel):
     code: str = Field(min_length=1, max_length=100)
-    message: str = Field(max_length=10_000)
+    message: str = Field(max_length=MAX_ERROR_MESSAGE)
 
 
 class RunFailedData(_Data):

@@ -320,6 +320,12 @@ def plugin(tmp_path, monkeypatch):
         def quits(ctx):
             ctx.say("leaving")
             raise SystemExit("bye")
+
+        def rambles(ctx):
+            raise RuntimeError("on and on " * 2_000)
+
+        def garbles(ctx):
+            raise AgentFailed("bad \\x00 byte and \\ud800 half", code="garbled")
     """))
     dist = root / "agentledger_test_plugin-1.0.dist-info"
     dist.mkdir()
@@ -333,6 +339,8 @@ def plugin(tmp_path, monkeypatch):
         sloppy = {PLUGIN_MODULE}:sloppy
         echo = {PLUGIN_MODULE}:impostor
         quits = {PLUGIN_MODULE}:quits
+        rambles = {PLUGIN_MODULE}:rambles
+        garbles = {PLUGIN_MODULE}:garbles
     """))
     monkeypatch.syspath_prepend(str(root))
     available_kinds.cache_clear()
@@ -388,6 +396,26 @@ def test_plugin_kinds_run_through_the_executor(db, executors, plugin):
     assert types(db, sloppy.run_id) == ["run.queued", "run.started", "message.delta", "run.failed"]
     assert message_content(db, run(db, echo.run_id).final_message_id) == "plain"
     for posted in (shout, broken, refusing, sloppy, echo):
+        assert_one_terminal_event(db, posted.run_id)
+
+
+def test_an_error_no_run_could_hold_is_cut_or_mended_and_the_run_fails(db, executors, plugin):
+    """An exception's text over 10,000 characters, or with a NUL or a lone surrogate, made the
+    run.failed write refused: the run stayed running until its lease ran out."""
+    make_agent(db, "a-rambles", kind="rambles")
+    make_agent(db, "a-garbles", kind="garbles")
+    rambles = post(db, make_session(db, agent_id="a-rambles"), "x")
+    garbles = post(db, make_session(db, agent_id="a-garbles"), "x")
+    executors.start()
+    wait_terminal(db, [rambles.run_id, garbles.run_id], timeout=10)
+    error = run(db, rambles.run_id).error
+    assert error["code"] == "agent_exception" and len(error["message"]) == 10_000
+    assert error["message"].startswith("RuntimeError: on and on on and on")
+    assert error["message"].endswith(" … (cut: 20,014 characters in all)")
+    assert run(db, garbles.run_id).error == {"code": "garbled",
+                                              "message": "bad \ufffd byte and \ufffd half"}
+    for posted in (rambles, garbles):
+        assert run(db, posted.run_id).status == "failed"
         assert_one_terminal_event(db, posted.run_id)
 
 

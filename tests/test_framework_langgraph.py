@@ -25,6 +25,7 @@ from support.processes import (
 
 from agentledger.agent_kinds import validate_definition
 from agentledger.agent_kinds.storage import langgraph_checkpointer
+from agentledger.core.json_limits import MAX_ERROR_MESSAGE
 from ingest.cancel import request_cancel
 
 GRAPH = "framework_agents.lg_graphs:graph"
@@ -248,6 +249,22 @@ def test_exception_in_the_graph_fails_the_run(lg_db, executors):
     run_id, end = ask(lg_db, session, "boom now")
     assert end.type == "run.failed"
     assert end.data["error"] == {"code": "agent_error", "message": "ValueError: the model broke"}
+
+
+def test_an_exception_longer_than_an_error_holds_still_fails_the_run(lg_db, executors):
+    """Its message was refused (over 10,000 characters, or with a NUL), with agent.resolved in
+    the same batch: the run stayed running until its lease expired and ended interrupted, the
+    agent's error lost. It is cut to what the error holds, and said so."""
+    graph_agent(lg_db)
+    session = make_session(lg_db, agent_id="weather")
+    executors.start()
+    run_id, end = ask(lg_db, session, "rant on")
+    assert end.type == "run.failed"
+    message = end.data["error"]["message"]
+    assert len(message) == MAX_ERROR_MESSAGE and end.data["error"]["code"] == "agent_error"
+    assert message.startswith("ValueError: why\ufffd!!!")
+    assert message.endswith(" … (cut: 100,016 characters in all)")
+    assert [e.type for e in events(lg_db, run_id)][-2:] == ["agent.resolved", "run.failed"]
 
 
 def test_a_worker_that_cannot_load_the_graph_fails_the_run(lg_db, executors):

@@ -28,6 +28,7 @@ from agentledger.agent_kinds.run_context import (
     RunContext,
     bind_current_run,
     current_run,
+    error_message,
     unbind_current_run,
 )
 from agentledger.agent_kinds.scripted import run_scripted, validate_steps
@@ -78,5 +79,6 @@ def validate_definition(kind: str, params: dict) -> None:
 
 __all__ = [
     "AGENT_RAISES", "AgentFailed", "RunCancelled", "RunContext", "available_kinds", "bind_current_run",
-    "cost_usd", "current_run", "kind_for", "unbind_current_run", "validate_definition",
+    "cost_usd", "current_run", "error_message", "kind_for", "unbind_current_run",
+    "validate_definition",
 ]

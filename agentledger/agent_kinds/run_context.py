@@ -8,6 +8,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentledger.core.hashing import storable_text
+from agentledger.core.json_limits import MAX_ERROR_MESSAGE
+
 if TYPE_CHECKING:
     from agentledger.agent_kinds.storage import FrameworkStorage
 
@@ -23,13 +26,25 @@ class RunCancelled(Exception):
 AGENT_RAISES = (Exception, SystemExit, KeyboardInterrupt)
 
 
+def error_message(text: str) -> str:
+    """An agent's failure as its run's error can hold it: text both databases store, at most
+    ``MAX_ERROR_MESSAGE`` characters (the rest cut, saying how long it was). A message the
+    ledger refused would leave the run running until its lease expired, ``interrupted``, with
+    the agent's error lost."""
+    text = storable_text(text)
+    if len(text) <= MAX_ERROR_MESSAGE:
+        return text
+    tail = f" … (cut: {len(text):,} characters in all)"
+    return text[:MAX_ERROR_MESSAGE - len(tail)] + tail
+
+
 class AgentFailed(Exception):
     """Raised by an agent to end its run ``failed`` with ``{"code": code, "message": …}``."""
 
     def __init__(self, message: str, code: str = "agent_error"):
         super().__init__(message)
         self.code = code
-        self.message = message
+        self.message = error_message(message)
 
 
 class ExecutionPort(Protocol):

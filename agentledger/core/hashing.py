@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -164,6 +165,7 @@ def storable_json(value: Any, where: str) -> Any:
 
 
 _TEXT_PROBLEM = "text may not contain NUL or lone surrogates"
+_UNSTORABLE_CHARACTERS = re.compile("[\x00\ud800-\udfff]")
 
 
 def is_storable_text(value: str) -> bool:
@@ -179,6 +181,15 @@ def is_storable_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def storable_text(value: str) -> str:
+    """``value`` with what neither database can hold (NUL, lone surrogates) replaced by U+FFFD,
+    for text the ledger writes on an agent's behalf (its exception's message), which must be
+    stored rather than refused."""
+    if is_storable_text(value):
+        return value
+    return _UNSTORABLE_CHARACTERS.sub("\ufffd", value)
 
 
 def _text(value: str) -> str:

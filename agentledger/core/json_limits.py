@@ -15,6 +15,9 @@ from typing import Any
 from agentledger.core.errors import InvalidRequest
 
 MAX_JSON_DEPTH = 256
+# The longest message a run's error holds (``run.failed``, ``agent_run.error``); an agent's own
+# failure is cut to it (``agent_kinds.run_context.error_message``) rather than refused.
+MAX_ERROR_MESSAGE = 10_000
 TOO_DEEP = f"the body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays"
 
 

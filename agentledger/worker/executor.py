@@ -33,6 +33,7 @@ from agentledger.agent_kinds import (
     RunCancelled,
     RunContext,
     bind_current_run,
+    error_message,
     kind_for,
     unbind_current_run,
 )
@@ -300,7 +301,8 @@ class Executor:
                     raise  # not the agent's bug: the run is let go of below
                 log.exception("agent of run %s raised", run.run_id)
                 self._end(active, "run.failed",
-                          {"error": {"code": "agent_exception", "message": f"{type(exc).__name__}: {exc}"}})
+                          {"error": {"code": "agent_exception",
+                                     "message": error_message(f"{type(exc).__name__}: {exc}")}})
         except (_Dropped, LeaseLost, RunTerminal) as exc:
             if self._stopping.is_set():
                 # ``stop`` records the run interrupted (it ended otherwise: nothing to record).

@@ -43,6 +43,8 @@ class FakeModel(BaseChatModel):
         text = humans[-1]
         if text.startswith("boom"):
             raise ValueError("the model broke")
+        if text.startswith("rant"):  # longer than a run's error holds, with a NUL in it
+            raise ValueError("why\x00" + "!" * 100_000)
         if text.startswith("weather in "):
             return AIMessage(content="", tool_calls=[{
                 "name": "get_weather", "args": {"city": text[len("weather in "):]},
