@@ -89,7 +89,7 @@ _BUILT_IN = {
 # A marker already in a text (put there by an earlier rule, or by an earlier pass over the same
 # value: a run's answer is its redacted deltas, redacted again) is never matched again, so a
 # pattern that matches part of a marker cannot mangle it and a second pass changes nothing.
-_MARKER = re.compile(r"(\[REDACTED:(?:email|phone|card|secret|re)\])")
+_MARKER = re.compile(rf"(\[REDACTED:(?:{'|'.join((*KINDS, 're'))})\])")
 # A pattern is tried on this text at start: one that finds an empty match in it (``\b``, a
 # lookahead alone, ``x*``) would put markers between characters, never around a value.
 _PROBE_TEXT = "Ab 12, x_y-z.w@q.org\n(+1) [k=v]!"

@@ -42,6 +42,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from agentledger.core import dialect
+from agentledger.core.config import MAX_INSTANCE_ID_LENGTH
 from agentledger.core.database import Database
 from agentledger.core.errors import Conflict, LedgerError, ValidationFailed
 from agentledger.core.hashing import storable_json
@@ -523,7 +524,8 @@ def _events(node: _Node, agents: dict[str, tuple[str, int]]) -> tuple[list[Impor
     # A recorded run had no lease to renew: its executor was alive until the agent span ended,
     # so that is when its lease expires (the run is written terminal: lease health counts the
     # leases of running runs only, and leaves ``otlp:`` names out of the executors it lists).
-    add(start, "run.started", {"executor_instance_id": f"{RECORDED_EXECUTOR_PREFIX}{service}"[:200],
+    executor = f"{RECORDED_EXECUTOR_PREFIX}{service}"[:MAX_INSTANCE_ID_LENGTH]
+    add(start, "run.started", {"executor_instance_id": executor,
                                "lease_expires_at": end.isoformat()})
     user = mapping.user_text(node.row.attributes)
     last_output = None
