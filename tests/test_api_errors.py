@@ -260,6 +260,36 @@ def test_bad_filters_are_400(api, query):
     assert_error(api.get(path, api.admin, query=query), 400, "invalid_request")
 
 
+LIST_ROUTES = ["/api/sessions", "/api/agents", "/api/agent-runs", "/api/sessions/{chat}/messages",
+               "/api/agent-runs/{run}/events", "/api/admin-actions", "/api/overview",
+               "/api/messages", "/api/timeline", "/api/interrupted-runs", "/api/leases",
+               "/api/agent-outcomes"]
+
+
+@pytest.mark.parametrize("path", LIST_ROUTES)
+def test_a_query_parameter_a_route_does_not_take_or_given_twice_is_400(api, chat, path):
+    # (both used to be ignored: a misspelt or misplaced filter answered with everything)
+    run = post_message(api, api.alice, chat)["run_id"]
+    url = path.format(chat=chat, run=run)
+    name, value, other = ("window", "24h", "7d") if path == "/api/overview" else ("limit", 5, 6)
+    assert api.get(f"{url}?{name}={value}", api.admin).status == 200
+    error = assert_error(api.get(f"{url}?{name}={value}&colour=red", api.admin),
+                         400, "invalid_request")
+    assert "'colour'" in error["message"] and name in error["message"], error
+    error = assert_error(api.get(f"{url}?{name}={value}&{name}={other}", api.admin),
+                         400, "invalid_request")
+    assert f"'{name}'" in error["message"] and "2 times" in error["message"], error
+
+
+def test_a_filter_of_another_list_is_refused_not_answered_with_everything(api, chat):
+    post_message(api, api.alice, chat)
+    error = assert_error(api.get("/api/interrupted-runs?created_after=2026-01-01T00:00:00Z",
+                                 api.admin), 400, "invalid_request")
+    assert "interrupted_after" in error["message"], error
+    assert_error(api.get("/api/agent-runs?status=queued&status=running", api.admin),
+                 400, "invalid_request")
+
+
 def test_missing_idempotency_key_is_400_and_writes_nothing(api, chat):
     before = row_counts(api.db)
     url = f"/api/sessions/{chat}/messages"

@@ -86,6 +86,15 @@ def parse_query(model: type[BaseModel]) -> BaseModel:
     for name, value in request.args.items(multi=True):
         if not is_storable_text(name) or not is_storable_text(value):
             raise InvalidRequest(f"query parameter {name!r} contains characters that are not allowed")
+    # A parameter the route does not take, or one given twice, is refused rather than ignored:
+    # a filter misspelt or sent to the wrong list would otherwise answer with everything.
+    for name in request.args:
+        if name not in model.model_fields:
+            raise InvalidRequest(f"query parameter {name!r} is not one this route takes "
+                                 f"(it takes: {', '.join(model.model_fields)})")
+        if len(values := request.args.getlist(name)) > 1:
+            raise InvalidRequest(f"query parameter {name!r} is given {len(values)} times; "
+                                 "give it once")
     try:
         return model.model_validate(request.args.to_dict())
     except ValidationError as exc:

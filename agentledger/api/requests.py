@@ -106,7 +106,6 @@ class PostMessageBody(Strict):
 
 
 class ListQuery(Strict):
-    model_config = ConfigDict(extra="ignore")
     limit: int = Field(default=50, ge=1, le=500)
     cursor: str | None = Field(default=None, max_length=2000)
 
@@ -130,7 +129,6 @@ class AdminActionsQuery(ListQuery):
 
 
 class EventsQuery(Strict):
-    model_config = ConfigDict(extra="ignore")
     after_seq: int = Field(default=0, ge=0, le=MAX_INT32)
     limit: int = Field(default=50, ge=1, le=500)
 
@@ -254,7 +252,6 @@ class CreatedWindow(Strict):
     """A preset ``window`` ending now (each twin defaults to its page's), or explicit bounds:
     ``created_after``/``created_before`` replace the preset when either is given."""
 
-    model_config = ConfigDict(extra="ignore")
     window: WindowKey | None = None
     created_after: WindowDateTime | None = None
     created_before: WindowDateTime | None = None
