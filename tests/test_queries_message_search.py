@@ -54,6 +54,16 @@ def test_text_is_a_case_insensitive_substring_of_answers_only(db, ledger):
     assert page.next_cursor is None
 
 
+def test_letters_of_every_script_match_in_either_case(db, ledger):
+    # (SQLite's own lower() folds ASCII only: 'école' missed 'ÉCOLE' there, not on PostgreSQL)
+    chat = h.chat(db, owner="carol", agent_id="helper")
+    run = h.answered(db, chat, "words?", "Ünïcode héllo ÉCOLE Ελληνικά Привет", owner="carol",
+                     when=h.at_seconds(600))
+    for text in ("école", "HÉLLO", "ünïcode", "ελληνικά", "ПРИВЕТ", "привет"):
+        assert ids(find(db, text=text)) == [run.answer_id], text
+    assert ids(find(db, text="ecole")) == []  # folding case is not folding accents
+
+
 def test_like_wildcards_in_the_text_are_literal(db, ledger):
     assert ids(find(db, text="100%")) == answers(ledger, "r4")
     assert ids(find(db, text="%")) == answers(ledger, "r4")

@@ -88,6 +88,10 @@ def backend_name(url: str) -> str:
     return make_url(normalize_url(url)).get_backend_name()
 
 
+def _unicode_lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
 def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     path = sqlite_path(url)
     if path is None:
@@ -103,6 +107,10 @@ def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        # SQLite's own lower() folds ASCII letters only, so a case-insensitive search
+        # (``lower(content) LIKE lower(:text)``) missed 'École' for 'école'; Python's folds every
+        # script, as PostgreSQL's lower() does.
+        dbapi_connection.create_function("lower", 1, _unicode_lower, deterministic=True)
         if read_only:
             cursor.execute("PRAGMA query_only=ON")
         cursor.close()
