@@ -14,11 +14,12 @@ from typing import Any
 
 import dash_ag_grid as dag
 import dash_bootstrap_components as dbc
-from dash import Output, ctx, dcc, html, no_update
+from dash import Input, Output, State, ctx, dcc, html, no_update
 from flask import current_app
 
 from dashboards import params
 from dashboards.figures import STATUS_COLORS
+from dashboards.page_registry import callback
 
 PAGE_SIZE = 50
 NAV = (
@@ -321,13 +322,36 @@ def url_search(values: dict[str, Any], defaults: dict[str, Any], current: str | 
     return search
 
 
-def agent_options() -> list[dict[str, str]]:
-    """Registered agents for a filter drop-down (current name, id)."""
-    from queries.agents_catalog import list_agents
+# How many agents a filter drop-down offers at once; typing narrows them by id or name.
+AGENT_CHOICES = 100
 
+
+def agent_options(search: object = None, keep: object = None) -> list[dict[str, str]]:
+    """A filter drop-down's agents (current name, id): those whose id or name holds the text
+    typed (``search``), the first ``AGENT_CHOICES`` by id, and always the agent chosen
+    (``keep``). A drop-down drops a value that is not among its options, so without it a link's
+    filter on an agent past the first few, or on no agent at all, was silently cleared and the
+    page showed every agent's rows where its twin showed that agent's."""
+    from queries.agents_catalog import agent_choices, get_agent
+
+    chosen = params.agent(keep)
     with read() as s:
-        agents = list_agents(s, limit=500).items
-    return [{"label": f"{a['name']} ({a['id']})", "value": a["id"]} for a in agents]
+        options = [{"label": f"{a['name']} ({a['id']})", "value": a["id"]}
+                   for a in agent_choices(s, params.text(search), limit=AGENT_CHOICES)]
+        if chosen and all(o["value"] != chosen for o in options):
+            known = get_agent(s, chosen, with_versions=False)
+            label = f"{known['name']} ({chosen})" if known else f"{chosen} (no such agent)"
+            options.insert(0, {"label": label, "value": chosen})
+    return options
+
+
+def agent_choices_callback(prefix: str) -> None:
+    """Fills ``{prefix}-agent``'s options when the page opens and as the user types."""
+
+    @callback(Output(f"{prefix}-agent", "options"), Input(f"{prefix}-url", "pathname"),
+              Input(f"{prefix}-agent", "search_value"), State(f"{prefix}-agent", "value"))
+    def load_agents(_pathname, search, value):
+        return agent_options(search, keep=value)
 
 
 def agent_dropdown(id: str, value: str | None, placeholder: str = "any agent") -> dcc.Dropdown:

@@ -69,6 +69,17 @@ def list_agents(session: Session, *, limit: int = DEFAULT_LIMIT, cursor: str | N
     return Page([_agent_dict(a, v) for a, v in rows], encode_cursor(rows[-1][0].id) if more else None)
 
 
+def agent_choices(session: Session, text: str | None, *, limit: int) -> list[dict[str, str]]:
+    """The id and current name of the agents whose id or name holds ``text`` (any case), the
+    first ``limit`` by id."""
+    stmt = _current(select(Agent.id, AgentVersion.name))
+    if text:
+        stmt = stmt.where(Agent.id.icontains(text, autoescape=True)
+                          | AgentVersion.name.icontains(text, autoescape=True))
+    rows = session.execute(stmt.order_by(Agent.id).limit(limit)).all()
+    return [{"id": agent_id, "name": name} for agent_id, name in rows]
+
+
 def version_times(session: Session) -> list[tuple[str, int, Any]]:
     """(agent id, version, created_at) of every agent version, oldest version first."""
     rows = session.execute(select(AgentVersion.agent_id, AgentVersion.version,

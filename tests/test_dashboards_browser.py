@@ -299,6 +299,44 @@ def test_runs_status_filter(browser, served, facts):
     assert [i["id"] for i in twin["items"]] == runs
 
 
+def test_a_link_on_an_agent_keeps_its_filter_and_typing_finds_an_agent(browser, served, facts):
+    # (the drop-down used to drop an agent missing from its options, and the page showed all)
+    open_page(browser, served, "/runs?agent=no-such-agent&window=30d")
+    wait_for_text(browser, "No runs match", "no-such-agent (no such agent)")
+    wait_idle(browser)
+    assert "agent=no-such-agent" in browser.current_url
+    twin, query = follow_json_link(browser, "runs", "agent_id=no-such-agent")
+    assert twin["items"] == [] and query["agent_id"] == ["no-such-agent"]
+    open_page(browser, served, "/runs?window=30d")
+    wait_for_text(browser, "rows 1–")
+    agent = facts["agents"][-1]
+    browser.find_element(By.CSS_SELECTOR, "#runs-agent input").send_keys(agent["name"].upper())
+    wait_for_text(browser, f"{agent['name']} ({agent['id']})")
+    browser.find_element(By.CSS_SELECTOR, "#runs-agent input").send_keys(Keys.ENTER)
+    WebDriverWait(browser, WAIT).until(lambda d: f"agent={agent['id']}" in d.current_url)
+    wait_idle(browser)
+    finish_page(browser, "runs-agent-filter")
+
+
+def test_a_page_whose_login_ended_goes_to_the_login_form_and_back(browser, served, facts):
+    # (it kept showing its last rows under a filter just changed, and only logged the 401)
+    open_page(browser, served, "/runs?window=30d")
+    wait_for_text(browser, "rows 1–50")
+    wait_idle(browser)
+    browser.delete_cookie("agentledger_session")  # as a logout in another tab does
+    try:
+        Select(browser.find_element(By.ID, "runs-status")).select_by_value("failed")
+        WebDriverWait(browser, WAIT).until(lambda d: urlsplit(d.current_url).path == "/login")
+        assert parse_qs(urlsplit(browser.current_url).query)["next"] == ["/runs?window=30d"]
+        wait_for_text(browser, "Paste an API token")
+        field = browser.find_element(By.CSS_SELECTOR, "input[name='token']")
+        field.send_keys(served.tokens["viewer"], Keys.ENTER)
+        WebDriverWait(browser, WAIT).until(lambda d: urlsplit(d.current_url).path == "/runs")
+        wait_for_text(browser, "rows 1–50")
+    finally:
+        browser.get(f"{served.base}/login?token={served.tokens['viewer']}")
+
+
 def test_run_tree(browser, served, facts):
     root = facts["tree_root"]
     open_page(browser, served, f"/runs/{root}")

@@ -308,3 +308,50 @@ def test_event_log_state_from_the_browser_is_not_trusted(client, long_run):
     for state in ({"run_id": "run_missing", "after": 0}, {"run_id": ["x"]}, "junk", None):
         gone = _turn(client, "run", "last", state)
         assert "No such run" in texts(gone["table"])
+
+
+AGENT_FILTER_PAGES = ["runs", "messages", "timeline", "interrupted"]
+
+
+def _agent_options(client, page: str, value, search=None) -> list[dict]:
+    response = call(client, [(f"{page}-agent", "options")],
+                    [(f"{page}-url", "pathname", f"/{page}"),
+                     (f"{page}-agent", "search_value", search)],
+                    [(f"{page}-agent", "value", value)],
+                    changed=[f"{page}-agent.search_value" if search else f"{page}-url.pathname"])
+    return response[f"{page}-agent"]["options"]
+
+
+@pytest.mark.parametrize("page", AGENT_FILTER_PAGES)
+def test_an_agent_filter_keeps_its_agent_however_many_agents_there_are(client, db, page):
+    # A drop-down drops a value missing from its options: the filter of a link on an agent past
+    # the first choices, or on no agent, used to be cleared and the page showed every agent.
+    from dashboards.components import AGENT_CHOICES
+
+    for n in range(AGENT_CHOICES + 5):
+        h.agent(db, f"zz-filler-{n:03d}", names=(f"Filler {n}",))
+    last = f"zz-filler-{AGENT_CHOICES + 4:03d}"
+    opened = _agent_options(client, page, None)
+    assert len(opened) == AGENT_CHOICES and last not in {o["value"] for o in opened}
+    kept = _agent_options(client, page, last)
+    assert {"label": f"Filler {AGENT_CHOICES + 4} ({last})", "value": last} in kept
+    unknown = _agent_options(client, page, "no-such-agent")
+    assert unknown[0] == {"label": "no-such-agent (no such agent)", "value": "no-such-agent"}
+    # Typing finds an agent by id or by name, in any case.
+    assert [o["value"] for o in _agent_options(client, page, None, search="FILLER 104")] == [last]
+    assert [o["value"] for o in _agent_options(client, page, None, search="r-10")] == [
+        f"zz-filler-{n}" for n in range(100, AGENT_CHOICES + 5)]
+    for hostile in ["%", "_", "\x00", "x" * 10_000, 5, ["a"]]:
+        assert isinstance(_agent_options(client, page, None, search=hostile), list)
+    assert _agent_options(client, page, None, search="%") == []
+
+
+def test_the_agents_page_narrows_its_choices_as_the_user_types_and_keeps_what_is_shown(client):
+    outputs = [("agents-agent", "options"), ("agents-agent", "value"), ("agents-a", "options"),
+               ("agents-a", "value"), ("agents-b", "options"), ("agents-b", "value")]
+    inputs = [("agents-agent", "value", "planner"), ("agents-agent", "search_value", "sear")]
+    response = call(client, outputs, inputs, [("agents-a", "value", "1"), ("agents-b", "value", "1")],
+                    changed=["agents-agent.search_value"])
+    assert response == {"agents-agent": {"options": [
+        {"label": "Planner (planner)", "value": "planner"},
+        {"label": "Searcher (searcher)", "value": "searcher"}]}}

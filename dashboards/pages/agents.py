@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dash
 import dash_bootstrap_components as dbc
-from dash import Input, Output, State, ctx, dcc, html
+from dash import Input, Output, State, ctx, dcc, html, no_update
 
 from dashboards import components as ui
 from dashboards import figures, params
@@ -123,18 +123,23 @@ def _version_options(agent_id: str | None) -> list[dict]:
     Output(f"{P}-b", "options"),
     Output(f"{P}-b", "value"),
     Input(f"{P}-agent", "value"),
+    Input(f"{P}-agent", "search_value"),
     State(f"{P}-a", "value"),
     State(f"{P}-b", "value"),
 )
-def pick_agent(agent_id, a, b):
-    options = ui.agent_options()
+def pick_agent(agent_id, search, a, b):
     agent_id = params.agent(agent_id)
+    if ctx.triggered_prop_ids == {f"{P}-agent.search_value": f"{P}-agent"}:
+        # Typing narrows the choices; the agent and versions shown stay until one is picked.
+        return (ui.agent_options(search, keep=agent_id),
+                no_update, no_update, no_update, no_update, no_update)
     if not agent_id:
         # Open on an agent that has versions to compare.
         with ui.read() as s:
             agents = list_agents(s, limit=500).items
         several = [x["id"] for x in agents if x["version"] > 1]
         agent_id = (several or [x["id"] for x in agents] or [None])[0]
+    options = ui.agent_options(keep=agent_id)
     versions = _version_options(agent_id)
     known = [v["value"] for v in versions]
     if ctx.triggered_id == f"{P}-agent" or a not in known or b not in known:

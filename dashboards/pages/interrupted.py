@@ -72,9 +72,7 @@ def layout(reason=None, executor=None, agent=None, window=None, since=None, unti
     ])
 
 
-@callback(Output(f"{P}-agent", "options"), Input(f"{P}-url", "pathname"))
-def load_agents(_pathname):
-    return ui.agent_options()
+ui.agent_choices_callback(P)
 
 
 def _filters(reason, executor, agent, key, since, until) -> tuple[dict, InterruptedFilters]:

@@ -63,9 +63,7 @@ def layout(q=None, session=None, owner=None, agent=None, window=None, since=None
     ])
 
 
-@callback(Output(f"{P}-agent", "options"), Input(f"{P}-url", "pathname"))
-def load_agents(_pathname):
-    return ui.agent_options()
+ui.agent_choices_callback(P)
 
 
 @callback(

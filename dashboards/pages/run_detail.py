@@ -61,7 +61,8 @@ def load_tree(asked):
     header = html.Div([
         ui.page_header(f"Run {run_id}", None),
         html.Div([
-            html.Span(f"{len(nodes)} runs in this tree", id=f"{P}-count", className="me-3 fw-semibold"),
+            html.Span("1 run in this tree" if len(nodes) == 1 else f"{len(nodes)} runs in this tree",
+                      id=f"{P}-count", className="me-3 fw-semibold"),
             *[html.Span([ui.status_badge(status), f" {n}"], className="me-2")
               for status, n in sorted(counts.items())],
             html.Span(["root ", dcc.Link(tree["root_run_id"], href=f"/runs/{tree['root_run_id']}")],

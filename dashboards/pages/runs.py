@@ -66,9 +66,7 @@ def layout(status=None, agent=None, session=None, root=None, window=None, since=
     ])
 
 
-@callback(Output(f"{P}-agent", "options"), Input(f"{P}-url", "pathname"))
-def load_agents(_pathname):
-    return ui.agent_options()
+ui.agent_choices_callback(P)
 
 
 @callback(

@@ -53,9 +53,7 @@ def layout(status=None, agent=None, roots=None, limit=None, align=None, window=N
     ])
 
 
-@callback(Output(f"{P}-agent", "options"), Input(f"{P}-url", "pathname"))
-def load_agents(_pathname):
-    return ui.agent_options()
+ui.agent_choices_callback(P)
 
 
 @callback(
