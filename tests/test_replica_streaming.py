@@ -16,16 +16,19 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
+import requests
 from support.ports import free_port
 from support.processes import Api, ProcessManager, make_token
 from support.waiting import wait_until
@@ -89,6 +92,23 @@ class Node:
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
+
+    @contextmanager
+    def hung(self):
+        """The server and every process of it stopped (SIGSTOP) inside the block: connections
+        stay open and the host's kernel still acknowledges, but nothing answers, as with a
+        frozen host or a network partition."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                                  text=True, timeout=10).stdout.split()
+        pids = [postmaster, *map(int, children)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
 
 
 @dataclass
@@ -296,6 +316,20 @@ def test_an_event_stream_follows_a_run_while_the_standby_lags(cluster, server):
         assert api.get(f"/api/agent-runs/{run_id}")["status"] == "succeeded"
 
 
+def _wait_served_by_standby(cluster: Cluster, api: Api, session_id: str) -> None:
+    """Until reads of the server reach the standby again (once it is back and caught up)."""
+    cluster.wait_replayed()
+    before = cluster.standby_table_reads()
+
+    def served_by_standby():
+        for _ in range(5):
+            assert api.call("GET", f"/api/sessions/{session_id}").status_code == 200
+        return cluster.standby_table_reads() > before
+
+    wait_until(served_by_standby, timeout=40, interval=0.5,
+               message="reads to reach the standby again")
+
+
 def test_a_stopped_standby_leaves_reads_to_the_primary_and_is_used_again_once_back(
         cluster, server):
     proc, api = server
@@ -318,19 +352,83 @@ def test_a_stopped_standby_leaves_reads_to_the_primary_and_is_used_again_once_ba
                    message=lambda: f"the replica warning in the log:\n{proc.log()[-3000:]}")
     finally:
         cluster.standby.start()
-    cluster.wait_replayed()
-    before = cluster.standby_table_reads()
-
-    def served_by_standby():
-        for _ in range(5):
-            assert api.call("GET", f"/api/sessions/{session_id}").status_code == 200
-        return cluster.standby_table_reads() > before
-
-    wait_until(served_by_standby, timeout=40, interval=0.5,
-               message="reads to reach the restarted standby again")
+    _wait_served_by_standby(cluster, api, session_id)
     warnings = proc.log()[logged_before:].count(REPLICA_WARNING)
     # one per back-off (AGENTLEDGER_READ_REPLICA_RETRY_SECONDS), not one per read: at most one
     # per retry period of the time the standby was away (measured: a slow machine stretches
     # it), plus one at either end
     unreachable = time.monotonic() - went_down
     assert 1 <= warnings <= unreachable / REPLICA_RETRY_SECONDS + 2, (warnings, unreachable)
+
+
+def test_a_hung_standby_costs_requests_a_bounded_moment_not_the_server(cluster, server):
+    # (a standby that stops answering without closing its connections used to hold every
+    # request thread until it woke: health checks, reads and writes all hung)
+    proc, api = server
+    session_id = api.new_session("echo")
+    cluster.wait_replayed()
+    for _ in range(10):  # the replica's pool holds open connections when the standby hangs
+        api.get(f"/api/sessions/{session_id}")
+    headers = {"Authorization": api.http.headers["Authorization"]}
+
+    def read(path: str) -> tuple[int, float]:
+        started = time.monotonic()
+        reply = requests.get(proc.base_url + path, headers=headers, timeout=30)
+        return reply.status_code, time.monotonic() - started
+
+    logged_before = len(proc.log())
+    with cluster.standby.hung():
+        started = time.monotonic()
+        paths = [f"/api/sessions/{session_id}", f"/api/sessions/{session_id}/messages",
+                 "/api/health", "/api/agent-runs?limit=5"] * 12
+        with ThreadPoolExecutor(len(paths)) as pool:
+            replies = list(pool.map(read, paths))
+        assert [status for status, _ in replies] == [200] * len(paths), replies
+        run_id = api.send(session_id, "while the standby hangs")
+        assert _wait_terminal(api, run_id)["status"] == "succeeded"
+        took = time.monotonic() - started
+        # each read waits for the replica's check at most 2 s (more on a loaded machine)
+        assert took < 20 and max(t for _, t in replies) < 15, (took, replies)
+        assert REPLICA_WARNING in proc.log()[logged_before:]
+    _wait_served_by_standby(cluster, api, session_id)
+
+
+def test_a_statement_running_on_the_standby_when_it_hangs_ends_at_its_deadline(
+        cluster, monkeypatch):
+    # The deadline is the read statement_timeout plus the connect timeout: 3 s + 2 s here.
+    from sqlalchemy import text
+
+    from agentledger.core import database
+    from agentledger.core.errors import ReplicaUnavailable
+
+    monkeypatch.setattr(database, "READ_STATEMENT_TIMEOUT_MS", 3000)
+    db = database.Database(cluster.primary.url, cluster.standby.url)
+    try:
+        cluster.wait_replayed()
+        outcome: list = []
+
+        def slow_read():
+            started = time.monotonic()
+            try:
+                with db.read() as s:
+                    s.execute(text("SELECT pg_sleep(2.5)"))
+                outcome.append(("answered", time.monotonic() - started))
+            except ReplicaUnavailable as exc:
+                outcome.append((str(exc), time.monotonic() - started))
+
+        def sleeping_on_standby() -> bool:
+            return cluster.standby.sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                "AND query = 'SELECT pg_sleep(2.5)'")[0][0] == 1
+
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(slow_read)
+            wait_until(sleeping_on_standby, timeout=2, interval=0.02,
+                       message="the statement to run on the standby")
+            with cluster.standby.hung():  # while the statement runs
+                done.result(timeout=30)
+        [(what, took)] = outcome
+        assert "went away during the read" in what and 4.5 < took < 12, outcome
+    finally:
+        db.dispose()
+    cluster.wait_replayed()

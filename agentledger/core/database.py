@@ -30,7 +30,7 @@ from typing import Any, cast
 import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InvalidatePoolError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -46,6 +46,7 @@ from agentledger.core.driver_statements import (
 from agentledger.core.errors import ReplicaUnavailable
 from agentledger.core.redaction import SESSION_KEY as REDACTOR_KEY
 from agentledger.core.redaction import Redactor, install_log_redaction
+from agentledger.core.socket_deadlines import SocketDeadline
 from agentledger.core.sqlite_writers import BUSY_TIMEOUT_SECONDS, writer_turn, writer_turns
 
 READ_STATEMENT_TIMEOUT_MS = 30_000
@@ -275,14 +276,70 @@ def _postgres_engine(url: str, *, read_only: bool, replica: bool = False) -> Eng
         # torn down each time) and did 61 trivial runs/s instead of 77.
         pool_size=20,
         max_overflow=10,
-        # A replica's connections are checked at every checkout: a stopped standby must send
-        # the read to the primary before it starts, not fail it half-way.
-        pool_pre_ping=replica,
         connect_args=connect_args,
     )
-    if not replica:
+    if replica:
+        _bound_replica_waits(engine)
+    else:
         _ping_after_idle(engine, PING_AFTER_IDLE_SECONDS)
     return engine
+
+
+_DEADLINE_KEY = "agentledger_statement_deadline"
+
+
+def _bound_replica_waits(engine: Engine) -> None:
+    """A replica's connections are checked at every checkout, so that a stopped standby sends
+    the read to the primary before it starts rather than failing it half-way; and a replica
+    that hangs without closing its connections (a frozen host, a network partition) costs a
+    read a bounded moment (``core.socket_deadlines``): the check at most
+    ``REPLICA_CONNECT_TIMEOUT_SECONDS``, a statement at most what the replica's own
+    ``statement_timeout`` allows and as long again as a connect. Without them a hung replica
+    held every request thread of a server, health checks and writes included, until it woke.
+    (A server-side cursor's later fetches are not bounded; the replica's reads use none.)"""
+    ping = SocketDeadline(REPLICA_CONNECT_TIMEOUT_SECONDS, "agentledger-replica-check")
+    statements = SocketDeadline(READ_STATEMENT_TIMEOUT_MS / 1000 + REPLICA_CONNECT_TIMEOUT_SECONDS,
+                                "agentledger-replica-statements")
+
+    @event.listens_for(engine, "checkout")
+    def _check(dbapi_connection, _record, _proxy):
+        key = ping.arm(dbapi_connection.fileno())
+        failure = None
+        try:
+            engine.dialect.do_ping(dbapi_connection)  # SELECT 1, outside any transaction
+        except psycopg.Error as exc:
+            failure = exc
+        if ping.disarm(key):
+            # Not a disconnection: the pool would connect again at once, to the same hung
+            # server. The read goes to the primary (``_REPLICA_FAILURES``), and the replica is
+            # left alone for the back-off.
+            raise TimeoutError(f"the read replica did not answer within "
+                               f"{REPLICA_CONNECT_TIMEOUT_SECONDS}s")
+        if failure is not None:
+            raise InvalidatePoolError(f"pooled replica connection is dead: {failure}") from failure
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _arm(conn, cursor, *_args):
+        conn.info[_DEADLINE_KEY] = statements.arm(cursor.connection.fileno())
+
+    def _disarm(info) -> None:
+        key = info.pop(_DEADLINE_KEY, None)
+        if key is not None:
+            statements.disarm(key)
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _executed(conn, *_args):
+        _disarm(conn.info)
+
+    @event.listens_for(engine, "handle_error")
+    def _failed(context):
+        if context.connection is not None:
+            _disarm(context.connection.info)
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection, record):
+        if record is not None:
+            _disarm(record.info)
 
 
 def outside_transaction(session: Session) -> bool:
