@@ -7,8 +7,9 @@ http://127.0.0.1:8050. Prints the URL and an admin login link.
 
 import sys
 
-from agentledger.core.config import Settings
+from agentledger.core.config import Settings, exit_status
 from agentledger.server import serve
 
 if __name__ == "__main__":
-    sys.exit(serve(Settings.from_env(), host="127.0.0.1", port=8050, run_worker=True, demo=True))
+    sys.exit(exit_status(lambda: serve(Settings.from_env(), host="127.0.0.1", port=8050,
+                                       run_worker=True, demo=True)))

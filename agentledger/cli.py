@@ -6,7 +6,7 @@ import argparse
 import functools
 import sys
 
-from agentledger.core.config import Settings, StartupError
+from agentledger.core.config import Settings, exit_status
 
 
 def _database(settings: Settings):
@@ -92,14 +92,12 @@ def cmd_token_revoke(args, settings: Settings) -> int:
 def cmd_verify(args, settings: Settings) -> int:
     from queries.chain_verification import verify_chains
 
-    if args.bundle:
-        return verify_bundle_command(args.bundle)
     if args.archive:
         from agentledger.archive import verify_archive_command
 
         return verify_archive_command(settings, args.archive)
 
-    settings.check_database(schema=True)  # a check only reads: it never migrates
+    settings.check_database(schema=True, writes=False)  # a check only reads: never migrates
     db = _database(settings)
 
     def progress(n: int) -> None:
@@ -148,7 +146,9 @@ def verify_bundle_command(path: str) -> int:
 def cmd_archive(args, settings: Settings) -> int:
     from agentledger.archive import archive_command
 
-    settings.check_database()
+    # It moves existing records: a database that does not exist is a wrong URL, not nothing
+    # to archive (and is not created for it).
+    settings.check_database(schema=True, writes=not args.dry_run)
     return archive_command(settings, older_than_days=args.older_than_days, out=args.out,
                            batch_size=args.batch_size, dry_run=args.dry_run)
 
@@ -190,7 +190,7 @@ def cmd_worker(args, settings: Settings) -> int:
 def cmd_reconcile(args, settings: Settings) -> int:
     from agentledger.worker.reconciler_loop import run_reconciler
 
-    settings.check_database()
+    settings.check_database(schema=args.once)  # a one-off pass on nothing is a wrong URL
     return run_reconciler(settings, once=args.once)
 
 
@@ -339,21 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "check", None) is not None:
         args.check(args)  # arguments that only go together; refused as the parser refuses
-    settings = Settings.from_env()
-    try:
-        return int(args.func(args, settings) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except StartupError as exc:
-        print(f"agentledger: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - a CLI prints a sentence, not a traceback
-        from agentledger.core.errors import LedgerError
-
-        if isinstance(exc, LedgerError):
-            print(f"agentledger: {exc.message}", file=sys.stderr)
-            return 2
-        raise
+    if getattr(args, "bundle", None):
+        # Offline: the file is all there is to it; no setting of this machine has a say (a
+        # setting refused here would read as the bundle's verdict).
+        return verify_bundle_command(args.bundle)
+    return exit_status(lambda: args.func(args, Settings.from_env()))
 
 
 if __name__ == "__main__":

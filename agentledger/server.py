@@ -26,7 +26,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import ThreadWorker
 
 from agentledger.connection_balance import ABSENT, ConnectionCounts
-from agentledger.core.config import Settings, StartupError
+from agentledger.core.config import Settings, StartupError, exit_status
 from agentledger.process_tuning import tune_for_long_running_process
 
 log = logging.getLogger("agentledger.server")
@@ -388,4 +388,4 @@ def serve(settings: Settings, *, host: str, port: int, run_worker: bool = True,
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(serve(Settings.from_env(), host="127.0.0.1", port=8050))
+    sys.exit(exit_status(lambda: serve(Settings.from_env(), host="127.0.0.1", port=8050)))

@@ -221,6 +221,73 @@ def test_verify_does_not_create_a_missing_sqlite_file(tmp_path):
     assert not (tmp_path / "agentledger.db").exists()
 
 
+@pytest.mark.parametrize("command", ["archive", "reconcile"])
+def test_maintenance_on_a_missing_sqlite_file_is_a_wrong_url_not_nothing_to_do(command, tmp_path):
+    # (they created and migrated an empty file and reported 0 trees archived, 0 runs reconciled)
+    url = f"sqlite:///{tmp_path}/agentledger.db"
+    args = [a.format(tmp=tmp_path / "out") for a in COMMANDS[command]]
+    done = _cli(url, *args, cwd=tmp_path)
+    _one_line(done, f"the database at {url} (AGENTLEDGER_DATABASE_URL) does not exist: create "
+                    "it with `agentledger db upgrade`")
+    assert not (tmp_path / "agentledger.db").exists()
+
+
+def test_a_password_in_the_query_string_is_not_shown(tmp_path):
+    closed = free_port()
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{closed}/nope?password=Sup3rSecret"
+    done = _cli(url, "verify", cwd=tmp_path)
+    _one_line(done, f"cannot connect to the database at postgresql+psycopg://postgres@127.0.0.1:"
+                    f"{closed}/nope?password=*** (AGENTLEDGER_DATABASE_URL): connection refused")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def read_only_url(request, tmp_path):
+    """A migrated database with a token row that takes no writes: an immutable SQLite file, or
+    a PostgreSQL database whose transactions are read-only by default."""
+    if request.param == "postgresql":
+        request.getfixturevalue("pg_database_url")  # skips (or fails) without PostgreSQL
+    with fresh_database(request.param, tmp_path) as url:
+        assert _cli(url, "token", "create", "--owner", "alice", cwd=tmp_path).returncode == 0
+        if request.param == "sqlite":
+            path = Path(make_url(url).database or "")
+            for suffix in ("-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            subprocess.run(["chattr", "+i", str(path)], check=True)
+            try:
+                yield url, "is a read-only file: agentledger writes to it"
+            finally:
+                subprocess.run(["chattr", "-i", str(path)], check=True)
+            return
+        with psycopg.connect(_libpq(url), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{make_url(url).database}" '
+                         "SET default_transaction_read_only = on")
+        yield url, ("takes no writes (default_transaction_read_only is on): agentledger writes "
+                    "to it")
+
+
+@pytest.mark.parametrize("command", ["db upgrade", "token create", "token revoke", "serve",
+                                     "reconcile", "demo seed"])
+def test_a_database_that_takes_no_writes_is_one_line_and_verify_still_reads_it(
+        command, read_only_url, tmp_path):
+    # (each command ended in a traceback at its first write: ReadOnlySqlTransaction, "attempt
+    # to write a readonly database")
+    url, refusal = read_only_url
+    args = [a.format(port=free_port(), tmp=tmp_path) for a in COMMANDS[command]]
+    done = _cli(url, *args, cwd=tmp_path)
+    shown = make_url(url).render_as_string(hide_password=True)
+    _one_line(done, f"the database at {shown} (AGENTLEDGER_DATABASE_URL) {refusal}")
+    checked = _cli(url, "verify", cwd=tmp_path)
+    assert checked.returncode == 0 and checked.stdout.startswith("OK"), checked
+
+
+def test_an_offline_bundle_check_needs_no_settings(tmp_path):
+    # (a setting out of range stopped it with exit status 1, which says "tampered")
+    missing = tmp_path / "bundle.json"
+    done = _cli(f"sqlite:///{tmp_path}/unused.db", "verify", "--bundle", str(missing),
+                cwd=tmp_path, AGENTLEDGER_LEASE_SECONDS="0", AGENTLEDGER_METRICS_PUBLIC="maybe")
+    assert done.returncode == 2 and "cannot read evidence bundle" in done.stderr, done.stderr
+
+
 # ---- archive files ---------------------------------------------------------------------------
 
 
@@ -343,8 +410,7 @@ def test_lease_settings_no_executor_can_work_with_stop_every_command_at_start(
                PYTHONWARNINGS="ignore", AGENTLEDGER_DATABASE_URL=f"sqlite:///{tmp_path}/l.db")
     done = subprocess.run([sys.executable, "-m", "agentledger.cli", "worker"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().endswith(message), done.stderr
+    _one_line(done, message)
     assert not (tmp_path / "l.db").exists()
 
 
@@ -369,12 +435,11 @@ def test_lease_settings_no_executor_can_work_with_stop_every_command_at_start(
     ("AGENTLEDGER_EVENT_COPY_BATCH", "0", "must be from 1 to 10,000,000, got '0'"),
 ])
 def test_settings_out_of_range_stop_every_command_at_start(name, value, message, tmp_path,
-                                                           monkeypatch):
+                                                           monkeypatch, capsys):
     monkeypatch.setenv("AGENTLEDGER_DATABASE_URL", f"sqlite:///{tmp_path}/s.db")
     monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as stopped:
-        main(["token", "create", "--owner", "someone"])
-    assert stopped.value.code == f"{name} {message}"
+    assert main(["token", "create", "--owner", "someone"]) == 2
+    assert capsys.readouterr().err == f"agentledger: {name} {message}\n"
     assert not (tmp_path / "s.db").exists()
 
 

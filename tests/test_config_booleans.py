@@ -49,8 +49,8 @@ def test_a_command_stops_before_it_touches_the_database(tmp_path):
                AGENTLEDGER_DATABASE_URL=f"sqlite:///{tmp_path}/agentledger.db")
     done = subprocess.run([sys.executable, "-m", "agentledger.cli", "db", "upgrade"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().endswith("AGENTLEDGER_METRICS_PUBLIC must be 1, true, yes or on "
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == ("agentledger: AGENTLEDGER_METRICS_PUBLIC must be 1, true, yes or on "
                                         "(to turn it on), or 0, false, no, off or empty (to "
-                                        "leave it off), got 'maybe'")
+                                        "leave it off), got 'maybe'\n")
     assert not (tmp_path / "agentledger.db").exists()

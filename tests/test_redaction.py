@@ -152,7 +152,8 @@ def test_an_invalid_setting_is_refused_at_start_with_a_clear_message(monkeypatch
     env = {**os.environ, "AGENTLEDGER_REDACT": raw}
     done = subprocess.run([sys.executable, "-m", "agentledger.cli", "db", "upgrade"], env=env,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and says in done.stderr
+    assert done.returncode == 2 and done.stderr.startswith("agentledger: AGENTLEDGER_REDACT")
+    assert says in done.stderr and "Traceback" not in done.stderr
 
 
 # ---- every write path, on both databases ------------------------------------------------------

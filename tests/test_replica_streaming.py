@@ -18,6 +18,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -432,3 +433,17 @@ def test_a_statement_running_on_the_standby_when_it_hangs_ends_at_its_deadline(
     finally:
         db.dispose()
     cluster.wait_replayed()
+
+
+def test_the_standby_given_as_the_primary_is_refused_in_one_line(cluster, tmp_path):
+    # (db upgrade printed its revision, then a ReadOnlySqlTransaction traceback)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env.update(AGENTLEDGER_DATABASE_URL=cluster.standby.url, PYTHONWARNINGS="ignore")
+    for command in (["db", "upgrade"], ["token", "create", "--owner", "ops"]):
+        done = subprocess.run([sys.executable, "-m", "agentledger.cli", *command], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout) == (2, ""), done
+        assert done.stderr == (
+            f"agentledger: the database at {cluster.standby.url} (AGENTLEDGER_DATABASE_URL) is a "
+            "read-only standby (in recovery): AGENTLEDGER_DATABASE_URL must name the primary; a "
+            "standby can serve reads as AGENTLEDGER_READ_DATABASE_URL\n"), done.stderr

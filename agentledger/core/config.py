@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,12 +34,39 @@ _CONNECT_NOISE = re.compile(
     r'^(connection failed: )?(connection to server (at|on socket) "[^"]*"(, port \d+)? failed: )?'
     r"(FATAL: +)?")
 _PASSWORD = re.compile(r"(://[^:/@]*:)[^@/]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 class StartupError(Exception):
     """The configuration or the machine keeps a command from starting: a database that cannot
     be reached or has no schema, a port already taken. The operator fixes it, so the entry
     points print it as one line (``agentledger: …``, exit status 2), without a traceback."""
+
+
+def exit_status(command: Callable[[], int | None]) -> int:
+    """Run an entry point's work and return its exit status. What the operator fixes (a
+    setting out of range, a database that cannot be used, a port taken) is one line on stderr,
+    ``agentledger: …``, and exit status 2, the status of the parser's own refusals: ``verify``
+    keeps 1 for a check that failed, so that a script never reads a setting as tampering."""
+    try:
+        return int(command() or 0)
+    except KeyboardInterrupt:
+        return 130
+    except StartupError as exc:
+        print(f"agentledger: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a setting refused with its sentence
+            print(f"agentledger: {exc.code}", file=sys.stderr)
+            return 2
+        raise
+    except Exception as exc:  # noqa: BLE001 - a CLI prints a sentence, not a traceback
+        from agentledger.core.errors import LedgerError
+
+        if isinstance(exc, LedgerError):
+            print(f"agentledger: {exc.message}", file=sys.stderr)
+            return 2
+        raise
 
 
 def _float_env(name: str, default: float, *, zero_ok: bool = False) -> float:
@@ -228,7 +257,7 @@ class Settings:
         check_event_copy_batch()
         self.checkpoint_type_allowlist()
 
-    def check_database(self, *, schema: bool = False) -> None:
+    def check_database(self, *, schema: bool = False, writes: bool = True) -> None:
         """Raise ``StartupError`` unless ``AGENTLEDGER_DATABASE_URL`` is a supported database
         that accepts a connection and, with ``schema``, holds agentledger's tables.
 
@@ -236,13 +265,15 @@ class Settings:
         down or a missing database is one sentence naming the variable, not a driver's
         traceback. ``schema`` is for commands that work on existing records (``verify``,
         ``token revoke``): they never migrate, and a SQLite file that does not exist is not
-        created for them. The read replica's URL is checked for its form only: while the
-        replica cannot be reached, reads go to the primary."""
+        created for them. ``writes``: the command writes, so a database that takes no writes
+        (a hot standby given as the primary, a read-only file) is refused before it starts
+        rather than failing at its first write. The read replica's URL is checked for its form
+        only: while the replica cannot be reached, reads go to the primary."""
         url = _supported_url(self.database_url, "AGENTLEDGER_DATABASE_URL")
         if self.read_database_url:
             _supported_url(self.read_database_url, "AGENTLEDGER_READ_DATABASE_URL")
         where = f"the database at {shown_url(self.database_url)} (AGENTLEDGER_DATABASE_URL)"
-        _check_connection(url, where, schema=schema)
+        _check_connection(url, where, schema=schema, writes=writes)
 
     @property
     def is_sqlite(self) -> bool:
@@ -290,9 +321,11 @@ def shown_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        shown = make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - any URL that does not parse is masked by hand
-        return _PASSWORD.sub(r"\1***@", url)
+        shown = _PASSWORD.sub(r"\1***@", url)
+    # libpq also takes the password as a query parameter (``?password=…``).
+    return _QUERY_PASSWORD.sub(r"\1***", shown)
 
 
 def _supported_url(url: str, variable: str) -> str:
@@ -318,7 +351,7 @@ def _supported_url(url: str, variable: str) -> str:
     return normalized
 
 
-def _check_connection(url: str, where: str, *, schema: bool) -> None:
+def _check_connection(url: str, where: str, *, schema: bool, writes: bool) -> None:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
@@ -340,6 +373,7 @@ def _check_connection(url: str, where: str, *, schema: bool) -> None:
                                     else "SELECT 1"))
             migrated = not schema or MigrationContext.configure(
                 connection).get_current_revision() is not None
+            refusal = _refuses_writes(connection, path) if writes else None
     except DBAPIError as exc:
         verb = "open" if path is not None else "connect to"
         raise StartupError(f"cannot {verb} {where}: {_connect_failure(exc, path)}") from None
@@ -348,6 +382,30 @@ def _check_connection(url: str, where: str, *, schema: bool) -> None:
     if not migrated:
         raise StartupError(f"{where} has no agentledger schema (it was never migrated): "
                            "run `agentledger db upgrade` first")
+    if refusal is not None:
+        raise StartupError(f"{where} {refusal}")
+
+
+def _refuses_writes(connection, path: str | None) -> str | None:
+    """Why the database takes no writes, or None when it does."""
+    from sqlalchemy import text
+
+    if path is not None:
+        file = Path(path)
+        if file.exists() and not os.access(file, os.W_OK):
+            return "is a read-only file: agentledger writes to it"
+        if not os.access(file.parent, os.W_OK):
+            return (f"is in a read-only directory ({file.parent}): SQLite writes its journal "
+                    "beside the file")
+        return None
+    standby, read_only = connection.execute(text(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")).one()
+    if standby:
+        return ("is a read-only standby (in recovery): AGENTLEDGER_DATABASE_URL must name the "
+                "primary; a standby can serve reads as AGENTLEDGER_READ_DATABASE_URL")
+    if read_only == "on":
+        return "takes no writes (default_transaction_read_only is on): agentledger writes to it"
+    return None
 
 
 def _connect_failure(exc: BaseException, path: str | None) -> str:
