@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import secrets
 import sys
 import zlib
 from collections import Counter
@@ -58,7 +59,9 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
     db = Database.from_settings(settings)
     cutoff = datetime.now(UTC) - timedelta(days=older_than_days)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(out) / f"agentledger-archive-{stamp}.jsonl.gz"
+    # The random part keeps archive runs started in the same second (on one host or on several
+    # sharing the directory) in files of their own.
+    path = Path(out) / f"agentledger-archive-{stamp}-{secrets.token_hex(3)}.jsonl.gz"
     trees = runs = 0
     writer = None
     bar = None
@@ -70,7 +73,8 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
             bar = tqdm(total=due, unit="tree", desc="archive", file=sys.stderr)
             while True:
                 with db.write() as s:
-                    roots = archivable_roots(s, finished_before=cutoff, limit=batch_size)
+                    roots = archivable_roots(s, finished_before=cutoff, limit=batch_size,
+                                             claim=True)
                     if not roots:
                         break
                     records = export_trees(s, roots)

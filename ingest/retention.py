@@ -35,11 +35,16 @@ def _iso(value: datetime | None) -> str | None:
     return archive_time_text(value) if value is not None else None
 
 
-def archivable_roots(session: Session, *, finished_before: datetime, limit: int | None
-                     ) -> list[str]:
-    """Root runs that ended before the cutoff and whose whole tree has ended, oldest first."""
+def archivable_roots(session: Session, *, finished_before: datetime, limit: int | None,
+                     claim: bool = False) -> list[str]:
+    """Root runs that ended before the cutoff and whose whole tree has ended, oldest first.
+
+    ``claim``: for the transaction that archives them. On PostgreSQL their rows are locked and
+    roots another archive run holds are skipped (``FOR UPDATE SKIP LOCKED``), so two archive
+    runs at once share the trees instead of both exporting the same ones (one of them then
+    wrote lines for trees the other had already deleted). SQLite's writers take turns anyway."""
     descendant = aliased(AgentRun)
-    return list(session.execute(
+    stmt = (
         select(AgentRun.id)
         .where(
             AgentRun.parent_run_id.is_(None),
@@ -50,7 +55,10 @@ def archivable_roots(session: Session, *, finished_before: datetime, limit: int 
         )
         .order_by(AgentRun.finished_at, AgentRun.id)
         .limit(limit)
-    ).scalars())
+    )
+    if claim:
+        stmt = stmt.with_for_update(skip_locked=True, of=AgentRun)
+    return list(session.execute(stmt).scalars())
 
 
 def export_trees(session: Session, root_ids: list[str]) -> list[dict[str, Any]]:

@@ -133,3 +133,39 @@ def test_dry_run_changes_nothing(db, db_url, history, tmp_path):
     assert done.returncode == 0 and "1 run tree(s)" in done.stdout
     assert _counts(db) == before
     assert not list(Path(tmp_path).glob("*.gz"))
+
+
+def test_two_archive_runs_at_once_share_the_trees_each_in_a_file_of_its_own(db, db_url,
+                                                                            tmp_path):
+    # (on PostgreSQL both exported the same trees: one reported trees it had not archived and
+    # left an empty file; in one directory in the same second both appended to one file)
+    from agentledger.core.archive_format import read_archive
+
+    make_agent(db, "echo")
+    chat = make_session(db)
+    roots = [_finished_tree(db, chat, at=OLD + timedelta(minutes=n)) for n in range(40)]
+    with db.read() as s:
+        expected = sorted(s.execute(select(AgentRun.id)).scalars())
+    assert len(expected) == 2 * len(roots)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env["AGENTLEDGER_DATABASE_URL"] = db_url
+    command = [sys.executable, "-m", "agentledger.cli", "archive", "--older-than-days", "30",
+               "--out", str(out), "--batch-size", "2"]
+    both = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    said = [p.communicate(timeout=120) for p in both]
+    assert [p.returncode for p in both] == [0, 0], said
+    files = sorted(out.glob("*.jsonl.gz"))
+    archived = {f: [record["run"]["id"] for record in read_archive(f)] for f in files}
+    assert sorted(i for ids in archived.values() for i in ids) == expected  # each run once
+    assert all(archived.values()), archived  # no empty file
+    # each says what it archived, into its own file
+    told = sorted(line for stdout, _ in said for line in stdout.splitlines()
+                  if line.startswith("archived"))
+    assert told == sorted(f"archived {len(ids) // 2} run tree(s), {len(ids)} run(s) into {f}"
+                          for f, ids in archived.items()), (told, said)
+    assert _counts(db)[0] == 0
+    for f in files:
+        checked = _cli(db_url, "verify", "--archive", str(f))
+        assert checked.returncode == 0, checked.stdout + checked.stderr

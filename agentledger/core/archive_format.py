@@ -26,7 +26,9 @@ class ArchiveWriter:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = gzip.open(path, "at", encoding="utf-8")
+        # A file of its own ("x": never one that exists): two writers appending gzip streams to
+        # one file would interleave their bytes and leave both unreadable.
+        self._file = gzip.open(path, "xt", encoding="utf-8")
         self.lines = 0
 
     def write(self, records: list[dict[str, Any]]) -> None:
