@@ -221,7 +221,7 @@ def verify_archive_command(settings: Settings, archive: str, *,
     check = _FileCheck()
     db = None
     if use_database:
-        settings.check_database(schema=True)  # a check only reads: it never migrates
+        settings.check_database(schema=True, writes=False)  # a check only reads: never migrates
         db = Database.from_settings(settings)
     else:
         check.notes.append("the database was not consulted (AGENTLEDGER_DATABASE_URL is not "

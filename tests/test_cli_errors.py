@@ -278,6 +278,10 @@ def test_a_database_that_takes_no_writes_is_one_line_and_verify_still_reads_it(
     _one_line(done, f"the database at {shown} (AGENTLEDGER_DATABASE_URL) {refusal}")
     checked = _cli(url, "verify", cwd=tmp_path)
     assert checked.returncode == 0 and checked.stdout.startswith("OK"), checked
+    checked = _cli(url, "verify", "--archive", str(_empty_archive(tmp_path)), cwd=tmp_path)
+    assert checked.returncode == 0 and "\nOK: 0 archived runs" in checked.stdout, checked
+    checked = _cli(url, "archive", "--older-than-days", "1", "--dry-run", cwd=tmp_path)
+    assert checked.returncode == 0, checked
 
 
 def test_an_offline_bundle_check_needs_no_settings(tmp_path):
