@@ -112,6 +112,13 @@ def test_the_api_keeps_its_json_answers_next_to_the_dashboards(app, keys):
     assert "GET" in wrong.headers["Allow"]
     assert client.get("/api/health").status_code == 200
     assert client.get("/api/agent-runs").status_code == 401  # the API's own authentication
+    # a method a page-side path does not take is a program's mistake: JSON too
+    for method, path in (("POST", "/metrics"), ("DELETE", "/login"), ("PUT", "/logout")):
+        wrong = client.open(path, method=method)
+        assert wrong.status_code == 405, (method, path)
+        assert wrong.get_json() == {"error": {
+            "code": "method_not_allowed", "message": f"{method} is not allowed on {path}"}}
+        assert method not in wrong.headers["Allow"] and "GET" in wrong.headers["Allow"]
     assert client.get("/login").status_code == 200
 
 

@@ -44,7 +44,9 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
-        if not _is_api() and exc.code not in (413,):
+        # Pages keep the framework's HTML for what a browser meets (404 of a page); a method a
+        # path does not take (POST /metrics) or a body too large is a program's mistake.
+        if not _is_api() and exc.code not in (405, 413):
             return exc
         status = exc.code or 500
         messages = {
