@@ -123,9 +123,11 @@ def refresh(_tick, seen, risk, current_search):
         for x in health.leases
     ]
     executors_empty = [html.H5("No live executors", className="alert-heading"), html.P([
-        f"No executor heartbeated, held a run or finished one in the last {seen} minutes. Start "
-        "one with ", html.Code("agentledger worker"), " or ", html.Code("agentledger serve"),
-        " (which runs one in-process)."], className="mb-0")]
+        f"No executor heartbeated, held a run or finished one in the last {seen} minutes. "
+        "Executors are seen through the runs they work on: an idle one, such as the executor ",
+        html.Code("agentledger serve"), " runs in-process, shows here once it claims a run. "
+        "Queued runs that stay queued need one: start it with ", html.Code("agentledger worker"),
+        " or ", html.Code("agentledger serve"), "."], className="mb-0")]
     leases_empty = [html.H5("No run holds a lease", className="alert-heading"), html.P(
         f"Nothing is running right now ({health.queued} queued). A lease appears when an executor "
         "claims a queued run, and goes when the run ends.", className="mb-0")]
