@@ -296,7 +296,8 @@ def _bound_replica_waits(engine: Engine) -> None:
     ``REPLICA_CONNECT_TIMEOUT_SECONDS``, a statement at most what the replica's own
     ``statement_timeout`` allows and as long again as a connect. Without them a hung replica
     held every request thread of a server, health checks and writes included, until it woke.
-    (A server-side cursor's later fetches are not bounded; the replica's reads use none.)"""
+    A server-side cursor's later fetches are not bounded: ``agentledger verify``, which reads
+    its chains through one, waits for a replica that hangs part-way."""
     ping = SocketDeadline(REPLICA_CONNECT_TIMEOUT_SECONDS, "agentledger-replica-check")
     statements = SocketDeadline(READ_STATEMENT_TIMEOUT_MS / 1000 + REPLICA_CONNECT_TIMEOUT_SECONDS,
                                 "agentledger-replica-statements")
