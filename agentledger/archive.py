@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
-from tqdm import tqdm
 
 from agentledger.core.archive_format import ArchiveWriter, archive_time_text, read_archive
 from agentledger.core.config import Settings, shown_url
@@ -31,6 +30,7 @@ from agentledger.core.evidence_format import (
     run_problems,
     tree_problems,
 )
+from agentledger.core.progress import progress
 from ingest.retention import (
     archivable_roots,
     delete_trees,
@@ -70,7 +70,7 @@ def archive_command(settings: Settings, *, older_than_days: float, out: str, bat
             # The bar's total (trees ending meanwhile may add a few); a dry run's whole answer.
             due = len(archivable_roots(s, finished_before=cutoff, limit=None))
         if not dry_run:
-            bar = tqdm(total=due, unit="tree", desc="archive", file=sys.stderr)
+            bar = progress(due, unit="tree", desc="archive")
             while True:
                 with db.write() as s:
                     roots = archivable_roots(s, finished_before=cutoff, limit=batch_size,
@@ -226,7 +226,7 @@ def verify_archive_command(settings: Settings, archive: str, *,
     else:
         check.notes.append("the database was not consulted (AGENTLEDGER_DATABASE_URL is not "
                            f"set): {_WITHOUT_DATABASE}")
-    bar = tqdm(total=total, unit="run", desc="verify", file=sys.stderr, disable=None)
+    bar = progress(total, unit="run", desc="verify")
     try:
         with db.read(primary=True, transaction=True) if db else nullcontext() as session:
             if session is not None:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.orm import Session
-from tqdm import tqdm
 
 from agentledger.core.config import Settings
 from agentledger.core.database import Database
 from agentledger.core.errors import Conflict
+from agentledger.core.progress import progress as progress_of
 from agentledger.demo_history import (
     AGENTS,
     CONTEXT_DOCS,
@@ -187,8 +186,7 @@ def bulk_seed(settings: Settings, *, runs: int, days: int = 14, seed: int | None
         # 1.9 runs with its children, so a share of batch_runs / 1.4 roots writes ~2,700)
         shares = synthetic_shares(runs=runs, start=start, days=days, versions=timeline,
                                   seed=seed, roots_per_share=max(1, batch_runs * 5 // 7))
-        with tqdm(total=runs, unit="run", desc="demo seed (bulk)", disable=not progress,
-                  file=sys.stderr) as bar:
+        with progress_of(runs, unit="run", desc="demo seed (bulk)", enabled=progress) as bar:
             return bulk_import_shares(db, shares, progress=bar.update,
                                       workers=_default_workers(db) if workers is None else workers)
     finally:
@@ -221,7 +219,7 @@ def seed(settings: Settings, *, runs: int = 300, days: int = 14, seed: int | Non
         # a delegation tree of depth 3.
         forced = showcase_plan(rng, runs)
         sessions: list[tuple[str, str]] = []
-        bar = tqdm(total=runs, unit="run", desc="demo seed", disable=not progress, file=sys.stderr)
+        bar = progress_of(runs, unit="run", desc="demo seed", enabled=progress)
         for index, at in enumerate(moments):
             with db.write() as s:
                 replayer = _Replayer(s, rng, at)

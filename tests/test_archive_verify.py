@@ -19,6 +19,7 @@ from support.factories import make_agent, make_session, post
 
 from agentledger.archive import verify_archive_command
 from agentledger.cli import main
+from agentledger.core import progress
 from agentledger.core.config import Settings
 from agentledger.core.hashing import GENESIS_HASH, event_hash
 from agentledger.core.schema import AgentRun, ArchivedRun
@@ -57,10 +58,11 @@ def archived(db, db_url, tmp_path, monkeypatch, capsys):
              _old_tree(db, chat, "third", children=0)]
     monkeypatch.setenv("AGENTLEDGER_DATABASE_URL", db_url)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(progress, "LINE_EVERY_SECONDS", 0.0)  # a progress line at each batch
     assert main(["archive", "--older-than-days", "30", "--out", str(tmp_path / "out")]) == 0
     out, err = capsys.readouterr()
     assert "archived 3 run tree(s), 6 run(s)" in out
-    assert "3/3" in err  # the progress bar knows its total
+    assert "archive: 3 of 3 trees (100%) done in" in err  # the progress knows its total
     (path,) = (tmp_path / "out").glob("*.jsonl.gz")
     records = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
     assert [r["run"]["root_run_id"] for r in records] == [roots[0]] * 3 + [roots[1]] * 2 + [roots[2]]
