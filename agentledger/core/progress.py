@@ -63,9 +63,9 @@ def progress(total: int | None, *, unit: str, desc: str, enabled: bool = True,
              file: TextIO | None = None) -> tqdm | LineProgress:
     """A progress reporter with ``update(n)`` and ``close()`` (also a context manager): a bar
     on a terminal, plain lines elsewhere, nothing at all when not ``enabled``."""
-    file = file or sys.stderr
+    stream: TextIO = file if file is not None else sys.stderr
     if not enabled:
         return tqdm(total=total, disable=True)
-    if file.isatty():
-        return tqdm(total=total, unit=unit, desc=desc, file=file)
-    return LineProgress(total, unit=unit, desc=desc, file=file)
+    if stream.isatty():
+        return tqdm(total=total, unit=unit, desc=desc, file=stream)
+    return LineProgress(total, unit=unit, desc=desc, file=stream)
