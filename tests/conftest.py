@@ -2,7 +2,8 @@
 
 PostgreSQL: one fresh database per test session (created from ``AGENTLEDGER_TEST_PG_URL``,
 default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``, migrated once, dropped at the
-end), emptied with ``TRUNCATE`` before each test. When it cannot be reached the PostgreSQL leg is
+end), emptied before each test (``support.pg_reset``: a DELETE of every table, now and then a
+``TRUNCATE``). When it cannot be reached the PostgreSQL leg is
 skipped, unless ``AGENTLEDGER_REQUIRE_PG=1``, which turns that into a failure (CI sets it).
 
 SQLite: one migrated file per session, copied into each test's own directory.
@@ -11,7 +12,8 @@ Markers from fixtures: a test whose fixtures start real processes (``ProcessMana
 ``ServerProcess``, ``subprocess``), a browser (Selenium ``webdriver``) or a soak loop (the
 ``soak_loop`` fixture) is marked ``process``, ``browser`` or ``soak``, and each of those also
 ``slow``, by ``pytest_collection_modifyitems``; ``python -m pytest -m "not slow"`` is the fast
-tier. Helpers live in ``tests/support/`` (see its ``__init__``).
+tier. A test that waits out seconds of real time by design (a lease running out, an agent's 5 s
+tool) or starts processes through a helper is marked ``slow`` or ``process`` by hand. Helpers live in ``tests/support/`` (see its ``__init__``).
 """
 
 from __future__ import annotations
@@ -28,16 +30,13 @@ from pathlib import Path
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
-from support import seeds
+from support import pg_reset, seeds
 from support.tiers import COLLECTED, Collected
 
 from agentledger.core.database import Database, normalize_url
 from agentledger.core.migrate import upgrade
-from agentledger.core.schema import Base
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-# Every table of the models, children first (TRUNCATE … CASCADE does not care, but a reader may).
-TABLES = tuple(table.name for table in reversed(Base.metadata.sorted_tables))
 
 
 # ---- markers applied from fixtures --------------------------------------------------------------
@@ -160,6 +159,7 @@ def pg_database_url():
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     upgrade(url)
     yield url
+    pg_reset.forget(_libpq(url))
     with psycopg.connect(_libpq(admin_url), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -171,15 +171,10 @@ def sqlite_template(tmp_path_factory) -> Path:
     return path
 
 
-# Whether any table holds a row: one short read. TRUNCATE swaps the files of every table and
-# index (60-100 ms on a 2-core machine, whatever the rows), and many tests leave nothing behind.
-_ANY_ROW = "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {table})" for table in TABLES)
-
-
 def _truncate(url: str) -> None:
-    with psycopg.connect(_libpq(url), autocommit=True) as conn:
-        if conn.execute(_ANY_ROW).fetchone()[0]:
-            conn.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+    """Empty every table of ``url`` (``support.pg_reset``: a DELETE of the few rows a test
+    leaves, a TRUNCATE now and then)."""
+    pg_reset.empty(_libpq(url))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

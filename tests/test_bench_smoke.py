@@ -200,6 +200,7 @@ def test_spread_reports_each_run_and_whether_every_run_met_the_target(tmp_path):
     assert cells[8] == "no (pass, miss, pass)"
 
 
+@pytest.mark.process  # the bench starts a real `agentledger serve`
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_lifecycle_bench_cuts_each_run_into_phases_in_causal_order(kind, request, tmp_path):

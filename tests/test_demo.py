@@ -67,6 +67,7 @@ def describe(db) -> dict:
     }
 
 
+@pytest.mark.slow  # two whole demo seeds and their verification: seconds on each database
 def test_demo_seed_writes_realistic_verifiable_history_and_can_run_twice(db, tmp_path):
     done = cli(db.url, "demo", "seed", "--runs", "60", "--seed", "3", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -390,6 +390,7 @@ def test_a_cancel_that_arrives_just_before_a_delegate_step_is_confirmed(db, exec
     assert runs(db, parent_run_id=posted.run_id) == []
 
 
+@pytest.mark.slow  # waits for a leaf's 5 s of work
 def test_cancel_of_a_middle_node_cancels_only_its_subtree(db, executors):
     sleeper(db, "long-leaf", 30)
     # long enough to be still running once the whole tree is (the middle's children start
@@ -708,6 +709,7 @@ def _driver_error(db, run_id: str) -> Exception:
                             "WHERE agent_run.id = %(run_id)s", {"run_id": run_id}, orig)
 
 
+@pytest.mark.slow  # waits out a 5 s lease
 @pytest.mark.parametrize("fault", ["progress", "wrapped_by_agent", "ending", "children"])
 def test_a_database_failure_under_a_run_drops_it_for_the_reconciler(
         db, executors, test_kind, monkeypatch, caplog, fault):

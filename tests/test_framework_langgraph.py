@@ -199,6 +199,7 @@ def saved_anywhere(db_url: str, thread_id: str, text: str) -> bool:
                    for saved in saver.list({"configurable": {"thread_id": thread_id}}))
 
 
+@pytest.mark.slow  # waits for the abandoned node's 5 s to check it wrote nothing
 def test_cancel_while_a_node_runs_plain_code_ends_within_a_second(lg_db, db_url, executors):
     graph_agent(lg_db, "plodder", graph="framework_agents.lg_graphs:plodding")
     session = make_session(lg_db, agent_id="plodder")

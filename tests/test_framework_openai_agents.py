@@ -137,6 +137,7 @@ PLOD_SECONDS = 30
 USUAL_PLOD_STEPS = sdk_agents.PLOD_STEPS  # the tool's own length (5 s): the window below
 
 
+@pytest.mark.slow  # waits for the abandoned tool's 5 s to check it wrote nothing
 def test_cancel_while_a_tool_runs_plain_code_ends_within_a_second(sdk_db, executors, monkeypatch):
     sdk_agent(sdk_db, "plodder", agent="framework_agents.sdk_agents:plodder")
     session = make_session(sdk_db, agent_id="plodder")

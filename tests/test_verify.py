@@ -189,6 +189,7 @@ def test_cli_token_create_prints_the_token_last(db, db_url):
     assert bad.returncode != 0
 
 
+@pytest.mark.process  # `agentledger db upgrade`, three times per database
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_cli_db_upgrade_creates_the_schema_and_is_idempotent(kind, tmp_path, request):
     if kind == "postgresql":
