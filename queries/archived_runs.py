@@ -53,3 +53,25 @@ def runs_archived_into(session: Session, files: set[str]) -> Iterator[tuple[str,
             .order_by(ArchivedRun.archived_at, ArchivedRun.root_run_id, ArchivedRun.run_id)
             .execution_options(yield_per=5000)):
         yield row.run_id, row.archive_file
+
+
+def archived_run(session: Session, run_id: str) -> dict | None:
+    """Where a run that left the live tables went: ``{"run_id", "root_run_id", "archived_at",
+    "archive_file_name"}``, or None for a run never archived. The file's name only: where it
+    was written says something of the server's disk, and the file may have moved since."""
+    row = session.execute(
+        select(ArchivedRun.root_run_id, ArchivedRun.archived_at, ArchivedRun.archive_file)
+        .where(ArchivedRun.run_id == run_id)).first()
+    if row is None:
+        return None
+    return {"run_id": run_id, "root_run_id": row.root_run_id, "archived_at": row.archived_at,
+            "archive_file_name": PurePath(row.archive_file).name}
+
+
+def archived_run_sentence(record: dict) -> str:
+    """``archived_run``'s answer as the sentence a reader of the API or the dashboards gets."""
+    tree = ("" if record["root_run_id"] == record["run_id"]
+            else f" with its tree (root {record['root_run_id']})")
+    return (f"run {record['run_id']} was archived on {record['archived_at']:%Y-%m-%d %H:%M} UTC"
+            f"{tree} into {record['archive_file_name']}; `agentledger verify --archive` checks "
+            "that file")

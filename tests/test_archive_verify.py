@@ -9,6 +9,7 @@ import copy
 import errno
 import gzip
 import json
+import re
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -341,3 +342,55 @@ def test_a_file_that_cannot_be_written_deletes_nothing(old_history, tmp_path, ca
     assert err.startswith("agentledger: cannot write archive file ")
     assert err.endswith(": no space left on device (nothing was archived)")
     assert _live_runs(old_history) == 2
+
+
+def test_an_archived_run_tells_viewers_and_admins_where_it_went(archived):
+    """A run that left the live tables is still 404 (its rows are gone), but a viewer or admin
+    asking for it learns when it was archived and into which file (its name, not the server's
+    directory); a user gets the plain 404, as for any run that does not exist."""
+    from support.api import FlaskHttp, make_tokens
+    from support.dashboards import call, logged_in, make_app, texts
+
+    db, name = archived["db"], archived["path"].name
+    root = archived["roots"][0]
+    child = next(r["run"]["id"] for r in archived["records"]
+                 if r["run"]["root_run_id"] == root and r["run"]["id"] != root)
+    app = make_app(db)
+    try:
+        http = FlaskHttp(app.test_client())
+        tokens = make_tokens(db, {"admin": ("root", "admin"), "viewer": ("auditor", "viewer"),
+                                  "alice": ("alice", "user"), "bob": ("bob", "user")})
+        for role in ("admin", "viewer"):
+            for path in (f"/api/agent-runs/{root}", f"/api/agent-runs/{root}/events",
+                         f"/api/agent-runs/{root}/tree"):
+                reply = http.request("GET", path, token=tokens[role])
+                assert reply.status == 404, (path, reply)
+                error = reply.json()["error"]
+                assert error["code"] == "not_found"
+                assert re.fullmatch(rf"run {root} was archived on \d{{4}}-\d\d-\d\d \d\d:\d\d UTC "
+                                    rf"into {re.escape(name)}; `agentledger verify --archive` "
+                                    "checks that file", error["message"]), error
+                assert str(archived["path"].parent) not in error["message"]
+            stream = http.request("GET", f"/api/agent-runs/{root}/events", token=tokens[role],
+                                  headers={"Accept": "text/event-stream"})
+            assert stream.status == 404 and "was archived on" in stream.json()["error"]["message"]
+            of_child = http.request("GET", f"/api/agent-runs/{child}",
+                                    token=tokens[role]).json()["error"]["message"]
+            assert f"run {child} was archived on " in of_child
+            assert f"with its tree (root {root}) into {name}" in of_child
+        for role in ("alice", "bob"):  # alice owned it: still no word of the archive
+            reply = http.request("GET", f"/api/agent-runs/{root}", token=tokens[role])
+            assert reply.status == 404
+            assert reply.json()["error"]["message"] == f"run {root} does not exist"
+        never = http.request("GET", "/api/agent-runs/run_never", token=tokens["admin"])
+        assert never.json()["error"]["message"] == "run run_never does not exist"
+
+        page = logged_in(app, tokens["viewer"])
+        shown = call(page, [("run-header", "children"), ("run-tree", "elements"),
+                            ("run-tree", "layout")],
+                     [("run-id", "data", child)], changed=["run-id.data"])
+        header = " ".join(texts(shown["run-header"]["children"]))
+        assert "Archived run" in header and f"Run {child} was archived on " in header
+        assert name in header and shown["run-tree"]["elements"] == []
+    finally:
+        app.extensions["agentledger"].close()

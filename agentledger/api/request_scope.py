@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from flask import g
 
+from agentledger.core.errors import NotFound
 from agentledger.web.app_state import state
+from queries.archived_runs import archived_run, archived_run_sentence
 
 
 def principal():
@@ -37,3 +39,14 @@ def actor():
 
     p = g.principal
     return Actor(name=p.owner_id, role=p.role)
+
+
+def run_not_found(run_id: str) -> NotFound:
+    """The 404 for a run the caller cannot read. A viewer or admin (who sees every run) asking
+    for one that was archived learns when and into which file; to anyone else an archived run
+    is one that does not exist (the record does not say whose it was)."""
+    if g.principal.sees_everything:
+        record = read_one(archived_run, run_id)
+        if record is not None:
+            return NotFound(archived_run_sentence(record))
+    return NotFound(f"run {run_id} does not exist")

@@ -8,7 +8,14 @@ from flask import Response, jsonify
 
 from agentledger.api import api
 from agentledger.api.operations import READERS, WRITERS
-from agentledger.api.request_scope import actor, owner_scope, principal, read_one, state
+from agentledger.api.request_scope import (
+    actor,
+    owner_scope,
+    principal,
+    read_one,
+    run_not_found,
+    state,
+)
 from agentledger.api.requests import EventsQuery, RunListQuery
 from agentledger.api.responses import (
     CancelOut,
@@ -38,7 +45,7 @@ SSE_CONTENT = {200: {"text/event-stream": {"schema": {"type": "string"}}}}
 def runs_detail(run_id: str):
     run = read_one(get_run, run_id, visible_to=owner_scope(), admin=principal().role == "admin")
     if run is None:
-        raise NotFound(f"run {run_id} does not exist")
+        raise run_not_found(run_id)
     return jsonify(run)
 
 
@@ -66,7 +73,7 @@ def runs_events(run_id: str, query: EventsQuery):
     page = read_one(events_page, run_id, after_seq=query.after_seq, limit=query.limit,
                     visible_to=owner_scope())
     if page is None:
-        raise NotFound(f"run {run_id} does not exist")
+        raise run_not_found(run_id)
     return jsonify(page.as_dict())
 
 
@@ -86,7 +93,7 @@ def runs_cancel(run_id: str):
 def runs_tree(run_id: str):
     tree = read_one(run_tree, run_id, visible_to=owner_scope())
     if tree is None:
-        raise NotFound(f"run {run_id} does not exist")
+        raise run_not_found(run_id)
     return jsonify(tree)
 
 

@@ -12,9 +12,9 @@ import time
 
 from flask import Response, request, stream_with_context
 
-from agentledger.api.request_scope import owner_scope, state
+from agentledger.api.request_scope import owner_scope, run_not_found, state
 from agentledger.api.requests import MAX_INT32
-from agentledger.core.errors import InvalidRequest, NotFound
+from agentledger.core.errors import InvalidRequest
 from agentledger.web.metrics import STREAMS_OPEN
 from queries.run_events import events_page_of, events_page_read
 
@@ -81,7 +81,7 @@ def event_stream_response(run_id: str, after_seq: int) -> Response:
         seen = notifier.generation(key)
         first = _first_page(run_id, start, scope)
         if first is None:
-            raise NotFound(f"run {run_id} does not exist")
+            raise run_not_found(run_id)
         if first.terminal and not first.events:
             return Response(status=204)
 

@@ -14,6 +14,7 @@ from dash import Input, Output, dcc, html
 from dashboards import components as ui
 from dashboards import event_log, figures, params
 from dashboards.page_registry import callback
+from queries.archived_runs import archived_run, archived_run_sentence
 from queries.run_tree import run_tree
 from queries.runs import get_run
 
@@ -52,6 +53,11 @@ def load_tree(asked):
     run_id = params.identifier(asked)  # anything that is no id of ours names no run
     with ui.read() as s:
         tree = run_tree(s, run_id) if run_id else None
+        archived = archived_run(s, run_id) if run_id and tree is None else None
+    if archived is not None:
+        sentence = archived_run_sentence(archived)
+        missing = ui.empty_state("Archived run", sentence[0].upper() + sentence[1:] + ".")
+        return missing, [], {"name": "preset"}
     if tree is None:
         missing = ui.empty_state("No such run", f"There is no run {params.text(asked) or ''}. "
                                  "Find runs on the Runs page.")
