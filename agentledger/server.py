@@ -273,19 +273,50 @@ def end_runs_of_retired_slots(settings: Settings, port: int, workers: int) -> in
     return ended
 
 
+# The metrics directory's lock file (not ``*.db``: the collector reads only those), held open by
+# the serving master for its whole life; its forked workers share the lock.
+METRICS_LOCK_NAME = "agentledger-serve.lock"
+_metrics_lock = None
+
+
 def _prepare_metrics_dir() -> None:
     """Per-process metrics of every gunicorn worker, merged at each scrape (``/metrics``).
 
     prometheus_client picks file-backed values when it is first imported with
     ``PROMETHEUS_MULTIPROC_DIR`` set, so the variable is set here, in the master, before any
     worker is forked or imports it; the directory starts empty so no dead process's samples
-    from an earlier run are counted.
+    from an earlier run are counted. A directory another running ``serve`` uses is refused:
+    emptying it would delete that server's live samples, and each server's scrape would then
+    add up the other's processes with its own. The lock says which directory is in use.
     """
-    import os
+    import errno
+    import fcntl
     import tempfile
 
+    global _metrics_lock
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
         prefix="agentledger-metrics-")
+    try:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        os.makedirs(path, exist_ok=True)
+        holder = open(os.path.join(path, METRICS_LOCK_NAME), "a+", encoding="utf-8")
+    except OSError as exc:
+        raise StartupError(f"cannot use PROMETHEUS_MULTIPROC_DIR {path}: "
+                           f"{exc.strerror or exc}") from None
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder.seek(0)
+        other = holder.read().strip() or "?"
+        holder.close()
+        raise StartupError(f"PROMETHEUS_MULTIPROC_DIR {path} is in use by another agentledger "
+                           f"serve (pid {other}); give each server a directory of its own"
+                           ) from None
+    holder.truncate(0)
+    holder.write(f"{os.getpid()}\n")
+    holder.flush()
+    _metrics_lock = holder
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     if "prometheus_client" in sys.modules:
         # Imported before serve() (by an embedding program): its metrics would stay in memory.

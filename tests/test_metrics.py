@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -396,9 +397,64 @@ def test_two_workers_add_up_their_request_histograms(pg_url, tmp_path):
                     break
         assert len(pids) >= 2, "every request reached the same worker"
         assert health_count() - before == sent
+        # A second server given the same directory is refused before it empties it: the first
+        # keeps its workers' samples, and neither would add up the other's processes.
+        files = {p.name for p in metrics_dir.glob("*.db")}
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+        second = subprocess.run(
+            [sys.executable, "-m", "agentledger.cli", "serve", "--port", str(free_port()),
+             "--workers", "1", "--no-worker"],
+            env={**environment, "AGENTLEDGER_DATABASE_URL": pg_url,
+                 "AGENTLEDGER_SECRET_KEY": "api-tests-secret",
+                 "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+            capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and second.stdout == "", second
+        assert second.stderr == (
+            f"agentledger: PROMETHEUS_MULTIPROC_DIR {metrics_dir} is in use by another "
+            f"agentledger serve (pid {server.process.pid}); give each server a directory of its "
+            "own\n"), second.stderr
+        assert files <= {p.name for p in metrics_dir.glob("*.db")}
+        assert health_count() - before == sent
     finally:
         server.stop()
     assert os.path.isdir(metrics_dir)
+
+
+def test_serve_takes_its_metrics_directory_for_itself(tmp_path, monkeypatch):
+    """The lock behind the refusal above, in one process: a directory a running ``serve``
+    holds is refused with a line naming its pid, and nothing in it is removed; once released,
+    the next ``serve`` takes it and starts it clean. A path that names no directory is one line
+    too, and a missing directory is made."""
+    from agentledger import server
+    from agentledger.core.config import StartupError
+
+    shared = tmp_path / "made-if-missing"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(shared))
+    monkeypatch.setattr(server, "_metrics_lock", None)
+    server._prepare_metrics_dir()
+    first = server._metrics_lock
+    assert first is not None
+    try:
+        assert (shared / server.METRICS_LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        (shared / "counter_1.db").write_bytes(b"a live worker's samples")
+        with pytest.raises(StartupError) as refused:
+            server._prepare_metrics_dir()
+        assert str(refused.value) == (
+            f"PROMETHEUS_MULTIPROC_DIR {shared} is in use by another agentledger serve (pid "
+            f"{os.getpid()}); give each server a directory of its own")
+        assert (shared / "counter_1.db").exists()
+    finally:
+        first.close()
+    server._prepare_metrics_dir()
+    server._metrics_lock.close()
+    assert not (shared / "counter_1.db").exists()
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(a_file))
+    with pytest.raises(StartupError) as refused:
+        server._prepare_metrics_dir()
+    assert str(refused.value) == f"cannot use PROMETHEUS_MULTIPROC_DIR {a_file}: Not a directory"
 
 
 def test_interruptions_stay_counted_after_their_runs_are_archived(db, ledger, app, tmp_path):
