@@ -104,6 +104,21 @@ def page_header(title: str, subtitle: str | None = None, *extra, twin: str | Non
     )
 
 
+def left_out_of_link(checks: dict[str, tuple[object, bool]]) -> dbc.Alert | None:
+    """A note above the filters naming what the page's link asked for that the page cannot
+    use (a status that is no status, a window it does not offer), or None when it used every
+    value. Without it a pasted link that names a filter wrongly would show everything, and
+    the filters' "any" would be the only sign. ``checks`` as ``params.left_out`` takes them."""
+    left = params.left_out(checks)
+    if not left:
+        return None
+    named = ", ".join(f"{name} “{value}”" for name, value in left)
+    verb = "is not a value" if len(left) == 1 else "are not values"
+    return dbc.Alert(f"This link's {named} {verb} this page takes: the filters below show what "
+                     "it shows instead.", color="warning", className="py-2 small",
+                     dismissable=True, id="link-left-out")
+
+
 def empty_state(title: str, explanation: str, id: str | None = None) -> dbc.Alert:
     kwargs = {"id": id} if id else {}
     return dbc.Alert([html.H5(title, className="alert-heading"), html.P(explanation, className="mb-0")],

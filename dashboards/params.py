@@ -190,3 +190,30 @@ def twin_href(path: str, filters: dict[str, object] | None = None, *,
     kept = {name: _twin_value(value) for name, value in query.items()
             if value is not None and value is not False and value != ""}
     return f"{path}?{urlencode(kept, safe=':')}" if kept else path
+
+
+# ---- values a link gave that the page cannot use -------------------------------------------------
+
+
+def left_out(checks: dict[str, tuple[object, bool]]) -> list[tuple[str, str]]:
+    """``(name, value)`` of each query-string value a page could not use (``checks``: name →
+    (what the link gave, whether the page took it)), in the order given. Missing and empty
+    values are no request; a value is shown cut to 40 characters."""
+    return [(name, value.strip()[:40]) for name, (value, taken) in checks.items()
+            if isinstance(value, str) and value.strip() and not taken]
+
+
+def window_checks(window: object, since: object, until: object) -> dict[str, tuple[object, bool]]:
+    """``left_out`` checks of the time window's values: a preset the page offers, days that
+    are days (the date picker opens on them)."""
+    return {"window": (window, choice(window, WINDOW_CHOICES) is not None),
+            "since": (since, day(since) is not None), "until": (until, day(until) is not None)}
+
+
+def whole_number_taken(value: object, *, low: int, high: int) -> bool:
+    """Whether ``integer`` uses ``value`` as given (a whole number from ``low`` to ``high``),
+    not a default or a bound in its place."""
+    try:
+        return low <= int(str(value)) <= high
+    except ValueError:
+        return False

@@ -427,3 +427,53 @@ def test_a_session_or_root_filter_that_is_no_id_matches_nothing(site, name):
                       changed=f"runs-{name}.value"))
     assert shown["runs-json"]["href"] == f"/api/agent-runs?{twin_name}={long[:40]}&limit=50"
     assert shown["runs-grid"]["rowData"] == [] == _twin(site, shown["runs-json"]["href"])
+
+
+def _left_out_note(page) -> str | None:
+    """The text of a layout's note on the link's values it could not use, if it has one."""
+    found = [c for c in page._traverse() if getattr(c, "id", None) == "link-left-out"]
+    return found[0].children if found else None
+
+
+@pytest.mark.parametrize(("page", "query", "named"), [
+    ("runs", {"status": "bogus", "window": "3d"}, "status “bogus”, window “3d” are not values"),
+    ("runs", {"window": "custom", "since": "2026-02-30", "until": "2026-03-01"},
+     "since “2026-02-30” is not a value"),
+    ("timeline", {"roots": "some", "limit": "7", "align": "left", "status": "running"},
+     "roots “some”, limit “7”, align “left” are not values"),
+    ("messages", {"window": "yesterday"}, "window “yesterday” is not a value"),
+    ("interrupted", {"reason": "crashed"}, "reason “crashed” is not a value"),
+    ("overview", {"window": "1y"}, "window “1y” is not a value"),
+    ("agents", {"a": "latest", "b": "2"}, "a “latest” is not a value"),
+    ("leases", {"seen": "0", "risk": "soon"}, "seen “0”, risk “soon” are not values"),
+    ("audit", {"action": "token.stolen"}, "action “token.stolen” is not a value"),
+])
+def test_a_link_value_a_page_cannot_use_is_named_not_dropped_in_silence(site, page, query,
+                                                                         named):
+    """``/runs?status=bogus`` would show every run with its filter on "any", and the address
+    bar would lose the value: the page says which of its link's values it left out."""
+    import importlib
+
+    module = importlib.import_module(f"dashboards.pages.{page}")
+    note = _left_out_note(module.layout(**query))
+    assert note is not None and named in note, note
+    assert note.endswith("this page takes: the filters below show what it shows instead.")
+
+
+@pytest.mark.parametrize(("page", "query"), [
+    ("runs", {"status": "failed", "window": "30d", "session": "anything typed", "root": "x"}),
+    ("runs", {"window": "custom", "since": "2026-02-01", "until": "2026-03-01"}),
+    ("timeline", {"roots": "roots", "limit": "1000", "align": "clock", "window": "24h"}),
+    ("messages", {"q": "refund", "owner": "bob", "window": "all"}),
+    ("interrupted", {"reason": "lease_expired", "executor": "gpu box/1"}),
+    ("overview", {}),
+    ("agents", {"a": "1", "b": "2", "agent": "no-such-agent"}),
+    ("leases", {"seen": "1440", "risk": "1"}),
+    ("audit", {"action": "token.created", "actor": "anyone"}),
+    ("runs", {"status": "", "window": "  "}),
+])
+def test_a_link_whose_values_the_page_uses_gets_no_note(site, page, query):
+    import importlib
+
+    module = importlib.import_module(f"dashboards.pages.{page}")
+    assert _left_out_note(module.layout(**query)) is None

@@ -84,6 +84,9 @@ def layout(agent=None, a=None, b=None, window=None, since=None, until=None, **_)
         ui.page_header("Agents", "How each agent and each of its versions turned out, for runs "
                        "created in the window. A run counts under the version frozen in its "
                        "snapshot.", twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link({**params.window_checks(window, since, until),
+                             "a": (a, params.whole_number_taken(a, **version)),
+                             "b": (b, params.whole_number_taken(b, **version))}),
         dbc.Row([
             dbc.Col(ui.labelled("Created", ui.window_picker(P, key, since, until)), md=4),
         ], className="g-2 mb-3"),

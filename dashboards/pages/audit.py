@@ -33,6 +33,7 @@ def layout(action=None, actor=None, **_):
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Admin actions", "Every administrative change, append-only: who did what, "
                        "and when.", twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link({"action": (action, params.choice(action, ACTIONS) is not None)}),
         dbc.Row([
             dbc.Col(ui.labelled("Action", dbc.Select(
                 id=f"{P}-action", value=params.choice(action, ACTIONS, ui.ANY),

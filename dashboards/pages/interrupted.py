@@ -45,6 +45,8 @@ def layout(reason=None, executor=None, agent=None, window=None, since=None, unti
         ui.page_header("Interrupted runs", "Runs that ended without their executor finishing them, "
                        "and why. The reconciler never re-runs the model: a retry is a new run.",
                        twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link({"reason": (reason, params.choice(reason, REASONS) is not None),
+                             **params.window_checks(window, since, until)}),
         dbc.Row([
             dbc.Col(ui.labelled("Reason", dbc.Select(
                 id=f"{P}-reason", value=params.choice(reason, REASONS, ui.ANY),

@@ -48,6 +48,8 @@ def layout(seen=None, risk=None, **_):
         ui.page_header("Lease health", f"Refreshed every {REFRESH_MS // 1000} s from the database "
                        "clock. A lease only says an executor is alive; when one expires the "
                        "reconciler ends the run interrupted.", twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link({"seen": (seen, params.whole_number_taken(seen, low=1, high=1440)),
+                             "risk": (risk, params.whole_number_taken(risk, low=1, high=3600))}),
         dbc.Row([
             dbc.Col(ui.labelled("Executors seen in the last (minutes)", dbc.Input(
                 id=f"{P}-seen", type="number", min=1, max=1440, debounce=True,

@@ -39,6 +39,7 @@ def layout(q=None, session=None, owner=None, agent=None, window=None, since=None
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Messages", "Find an answer, then open its provenance: which run, agent "
                        "version and context produced it.", twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link(params.window_checks(window, since, until)),
         dbc.Row([
             dbc.Col(ui.labelled("Text", dbc.Input(id=f"{P}-q", value=params.text(q), debounce=True,
                                                    maxLength=params.TEXT_LENGTH,

@@ -21,6 +21,7 @@ def layout(window: str | None = None, since: str | None = None, until: str | Non
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Overview", "What the ledger recorded in the window, and what runs now.",
                        twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link(params.window_checks(window, since, until)),
         ui.window_picker(P, key, since, until),
         html.Div(className="mb-3"),
         ui.loading(html.Div([

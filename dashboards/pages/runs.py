@@ -41,6 +41,8 @@ def layout(status=None, agent=None, session=None, root=None, window=None, since=
         dcc.Location(id=f"{P}-url", refresh=False),
         ui.page_header("Runs", "Every execution, newest first. Open one to see its whole tree.",
                        twin=TWIN, twin_id=f"{P}-json"),
+        ui.left_out_of_link({"status": (status, params.choice(status, STATUSES) is not None),
+                             **params.window_checks(window, since, until)}),
         dbc.Row([
             dbc.Col(ui.labelled("Status", dbc.Select(id=f"{P}-status",
                                                      options=ui.STATUS_FILTER_OPTIONS,

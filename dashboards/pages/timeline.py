@@ -29,6 +29,11 @@ def layout(status=None, agent=None, roots=None, limit=None, align=None, window=N
         ui.page_header("Status timeline", "Queued (grey), then running, coloured by how each run "
                        "ended. Click a bar to open its run tree.", twin=TWIN,
                        twin_id=f"{P}-json"),
+        ui.left_out_of_link({"status": (status, params.choice(status, STATUSES) is not None),
+                             "roots": (roots, params.choice(roots, ("all", "roots")) is not None),
+                             "limit": (limit, params.choice(limit, LIMITS) is not None),
+                             "align": (align, params.choice(align, ALIGNS) is not None),
+                             **params.window_checks(window, since, until)}),
         dbc.Row([
             dbc.Col(ui.labelled("Status", dbc.Select(id=f"{P}-status",
                                                      options=ui.STATUS_FILTER_OPTIONS,
