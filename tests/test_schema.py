@@ -152,3 +152,46 @@ def test_agent_versions_are_immutable(db, history):
     refused(db, "DELETE FROM agent_version WHERE agent_id = 'echo'")
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT name FROM agent_version")).scalars().all() == ["Echo"]
+
+
+@pytest.mark.pg_only
+def test_a_migration_kept_waiting_for_a_lock_names_the_session_that_holds_it(
+        pg_url, monkeypatch, capsys):
+    """A session that holds what the migration needs (here the migrations' advisory lock, as
+    another migrating process or a session idle in its transaction would) makes ``upgrade``
+    wait; past the notice delay it says who, once, on stderr, and it goes on when the session
+    commits."""
+    import re
+    import threading
+    import time
+
+    import psycopg
+
+    from agentledger.core import lock_waits
+
+    monkeypatch.setattr(lock_waits, "NOTICE_AFTER_SECONDS", 0.3)
+    monkeypatch.setattr(lock_waits, "POLL_SECONDS", 0.1)
+    holder = psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"))
+    holder.execute("SET application_name = 'a forgotten psql'")
+    holder.execute("SELECT pg_advisory_xact_lock(724311)")  # left open in its transaction
+    pid = holder.info.backend_pid
+    done = threading.Event()
+    migrating = threading.Thread(target=lambda: (upgrade(pg_url), done.set()))
+    migrating.start()
+    try:
+        seen, deadline = "", time.monotonic() + 30
+        while "waits for a lock" not in seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen += capsys.readouterr().err
+        assert not done.is_set()  # it waits: nothing is cancelled
+        assert re.fullmatch(
+            rf"agentledger: the migration waits for a lock held by PostgreSQL session {pid} "
+            r"\(a forgotten psql, idle in transaction, its transaction open \d+ s\); it goes on "
+            rf"once that session commits or ends \(SELECT pg_terminate_backend\({pid}\) ends "
+            r"it\)\n", seen), seen
+    finally:
+        holder.commit()
+        holder.close()
+        migrating.join(timeout=30)
+    assert done.is_set()
+    assert capsys.readouterr().err == ""  # one line per session, not one per look

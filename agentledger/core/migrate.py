@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 
 from agentledger.core.database import normalize_url, one_off_connection
+from agentledger.core.lock_waits import lock_waits_told
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -24,7 +25,8 @@ def _run(url: str, step, revision: str) -> None:
     with one_off_connection(url, begin=True) as connection:
         _refuse_unknown_revision(cfg, connection, url)
         cfg.attributes["connection"] = connection
-        step(cfg, revision)
+        with lock_waits_told(connection, url):
+            step(cfg, revision)
 
 
 def _refuse_unknown_revision(cfg: Config, connection, url: str) -> None:
@@ -62,7 +64,7 @@ def ensure_event_partitions(url: str) -> list[str]:
     """PostgreSQL: make this month's and the coming months' ``run_event`` partitions."""
     from agentledger.core.event_partitions import ensure_partitions
 
-    with one_off_connection(url, begin=True) as connection:
+    with one_off_connection(url, begin=True) as connection, lock_waits_told(connection, url):
         return ensure_partitions(connection)
 
 
